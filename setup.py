@@ -1,0 +1,30 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="nervex",
+    version="0.1.0",
+    description="Config-driven deep reinforcement learning in PyTorch: serial and parallel training from one YAML file.",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["nervex", "nervex.*", "app_zoo", "app_zoo.*"]),
+    package_data={"app_zoo": ["**/config/*.yaml"]},
+    install_requires=[
+        "torch>=2.0",
+        "numpy>=1.24",
+        "gymnasium>=1.0",
+        "easydict>=1.10",
+        "pyyaml>=6.0",
+        "lz4>=4.0",
+        "tensorboard>=2.10",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout>=2", "ruff>=0.4"],
+        "bench": ["stable-baselines3>=2.3", "tianshou>=1.0"],
+        "atari": ["ale-py>=0.9"],
+        "mujoco": ["mujoco>=3.0"],
+        "dist": ["flask>=3.0", "requests>=2.31"],
+    },
+    entry_points={"console_scripts": ["nervex=nervex.entry.cli:main"]},
+)
