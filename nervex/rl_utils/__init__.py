@@ -1,0 +1,51 @@
+"""RL building blocks: TD targets and losses, GAE, exploration schedules and the Adder.
+
+Every loss here is a pure tensor function documented with a ``Shapes:`` block; the Adder works on NumPy.
+"""
+
+from .adder import Adder
+from .dist_td import categorical_projection, dist_nstep_td_data, dist_nstep_td_error
+from .exploration import epsilon_greedy
+from .gae import gae, gae_data
+from .td import (
+    generalized_lambda_returns,
+    nstep_return,
+    q_1step_td_data,
+    q_1step_td_error,
+    q_nstep_td_data,
+    q_nstep_td_error,
+    q_nstep_td_error_with_rescale,
+    td_lambda_data,
+    td_lambda_error,
+    v_1step_td_data,
+    v_1step_td_error,
+    v_nstep_td_data,
+    v_nstep_td_error,
+    value_inv_transform,
+    value_transform,
+)
+
+__all__ = [
+    "Adder",
+    "categorical_projection",
+    "dist_nstep_td_data",
+    "dist_nstep_td_error",
+    "epsilon_greedy",
+    "gae",
+    "gae_data",
+    "generalized_lambda_returns",
+    "nstep_return",
+    "q_1step_td_data",
+    "q_1step_td_error",
+    "q_nstep_td_data",
+    "q_nstep_td_error",
+    "q_nstep_td_error_with_rescale",
+    "td_lambda_data",
+    "td_lambda_error",
+    "v_1step_td_data",
+    "v_1step_td_error",
+    "v_nstep_td_data",
+    "v_nstep_td_error",
+    "value_inv_transform",
+    "value_transform",
+]

@@ -1,0 +1,4 @@
+from .serial_actor import SerialActor
+from .serial_evaluator import SerialEvaluator, eval_episodes_per_env
+
+__all__ = ["SerialActor", "SerialEvaluator", "eval_episodes_per_env"]

@@ -1,0 +1,5 @@
+import sys
+
+from nervex.entry.cli import main
+
+sys.exit(main())

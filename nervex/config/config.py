@@ -1,0 +1,228 @@
+"""Reading, merging and validating configs.
+
+A config is a nested mapping. Every configurable class declares its defaults in a class attribute ``config``;
+``compile_config`` lays the user's YAML over those defaults and refuses anything it does not know, so a typo
+is an error with a suggestion instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import yaml
+from easydict import EasyDict
+
+# A default that is an empty dict marks a free-form section (e.g. ``env_kwargs``): any keys are accepted there.
+FREE_FORM: Dict[str, Any] = {}
+
+
+class ConfigError(ValueError):
+    """A config is malformed: unknown key, wrong type, unknown registered name, bad YAML."""
+
+
+def read_config(path: str | os.PathLike) -> EasyDict:
+    """Read a YAML config file into an EasyDict.
+
+    Args:
+        path: The YAML file.
+
+    Returns:
+        The file's mapping as an EasyDict (nothing merged or validated yet; see ``compile_config``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ConfigError: the YAML does not parse (the message names file, line and column) or is not a mapping.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file not found: '{path}' (working directory: {os.getcwd()})")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"YAML syntax error in {where}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping at the top level, got {type(data).__name__}")
+    cfg = EasyDict(data)
+    # Kept out of the mapping's keys so it never reaches validation or the resolved config.yaml.
+    object.__setattr__(cfg, "_source", path)
+    return cfg
+
+
+def config_source(cfg: Any) -> Optional[str]:
+    """The file a config was read from, if ``read_config`` made it."""
+    return getattr(cfg, "_source", None)
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> Dict[str, Any]:
+    """Return a new dict: ``override`` laid recursively over ``base`` (no validation)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _coerce_number(value: Any, default: Any, path: str, where: str) -> Any:
+    """Accept any number (or a numeric string such as '1e5', which YAML 1.1 reads as text) for a numeric key."""
+    original = value
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ConfigError(
+                f"key '{path}'{where} expects a number (like {default!r}), got {_type_name(original)} {original!r}"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(
+            f"key '{path}'{where} expects a number (like {default!r}), got {_type_name(original)} {original!r}"
+        )
+    if isinstance(default, int):
+        if isinstance(value, float):
+            if value == float("inf"):
+                return value  # 'inf' is how a user says "unbounded" for a count
+            if not value.is_integer():
+                raise ConfigError(f"key '{path}'{where} expects an integer (like {default!r}), got {original!r}")
+            return int(value)
+        return value
+    return float(value)
+
+
+def _check_value(value: Any, default: Any, path: str, where: str) -> Any:
+    if default is None or value is None:
+        return value
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"key '{path}'{where} expects a bool (true/false), got {_type_name(value)} {value!r}")
+        return value
+    if isinstance(default, (int, float)):
+        return _coerce_number(value, default, path, where)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"key '{path}'{where} expects a string, got {_type_name(value)} {value!r}")
+        return value
+    if isinstance(default, (list, tuple)):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"key '{path}'{where} expects a list, got {_type_name(value)} {value!r}")
+        return list(value)
+    return value
+
+
+def validate_merge(
+    defaults: Mapping[str, Any], user: Mapping[str, Any], path: str = "", source: Optional[str] = None
+) -> Dict[str, Any]:
+    """Merge ``user`` onto ``defaults``, rejecting unknown keys and values of the wrong type.
+
+    Args:
+        defaults: The declared defaults. An empty dict accepts any keys (free-form section).
+        user: What the user wrote.
+        path: Dotted path of this level, for messages.
+        source: The file the user's config came from, for messages.
+
+    Returns:
+        The merged mapping as a plain dict.
+
+    Raises:
+        ConfigError: an unknown key (with the nearest valid key suggested) or a value of the wrong type.
+    """
+    where = f" in {os.path.basename(source)}" if source else ""
+    if not isinstance(user, Mapping):
+        raise ConfigError(f"key '{path}'{where} expects a mapping, got {_type_name(user)} {user!r}")
+    if not defaults:
+        return copy.deepcopy(dict(user))
+    out = copy.deepcopy(dict(defaults))
+    for key, value in user.items():
+        full = f"{path}.{key}" if path else str(key)
+        if key not in defaults:
+            valid = [str(k) for k in defaults]
+            msg = f"unknown key '{full}'{where}"
+            close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+            if close:
+                msg += f"; did you mean '{f'{path}.{close[0]}' if path else close[0]}'?"
+            else:
+                msg += f"; valid keys{' under ' + repr(path) if path else ''}: {', '.join(sorted(valid))}"
+            raise ConfigError(msg)
+        default = defaults[key]
+        if isinstance(default, Mapping) and value is not None:
+            out[key] = validate_merge(default, value, full, source)
+        else:
+            out[key] = _check_value(copy.deepcopy(value), default, full, where)
+    return out
+
+
+def to_plain(obj: Any) -> Any:
+    """EasyDict/tuple/numpy scalars -> plain dicts, lists and Python scalars (for YAML dumping)."""
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        try:
+            return obj.item()
+        except (TypeError, ValueError):
+            pass
+    return obj
+
+
+def save_config(cfg: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Write a config as YAML (block style, keys in their declared order)."""
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(to_plain(cfg), f, sort_keys=False, default_flow_style=False)
+
+
+def set_by_path(cfg: Dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``cfg['a']['b']['c'] = value`` for ``dotted='a.b.c'``, creating levels as needed."""
+    keys = dotted.split(".")
+    if not all(keys):
+        raise ConfigError(f"malformed key path '{dotted}': expected dotted names like 'policy.learn.batch_size'")
+    node = cfg
+    for key in keys[:-1]:
+        nxt = node.get(key)
+        if nxt is None:
+            nxt = node[key] = {}
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"cannot set '{dotted}': '{key}' holds {nxt!r}, not a section")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def parse_overrides(items: Sequence[str]) -> List[tuple]:
+    """Parse ``['policy.learn.batch_size=64', ...]`` into ``[(path, value)]`` (values read as YAML scalars)."""
+    pairs = []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like key.path=value")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        pairs.append((key.strip(), value))
+    return pairs
+
+
+def apply_overrides(cfg: Mapping[str, Any], items: Sequence[str]) -> EasyDict:
+    """Return a copy of ``cfg`` with dotted overrides applied (validated later by ``compile_config``)."""
+    source = config_source(cfg)
+    data = to_plain(cfg)
+    for key, value in parse_overrides(items):
+        set_by_path(data, key, value)
+    out = EasyDict(data)
+    if source:
+        object.__setattr__(out, "_source", source)
+    return out

@@ -1,0 +1,93 @@
+"""Serial evaluator: plays greedy episodes and decides when training has reached its target return."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+
+def eval_episodes_per_env(n_episode: int, env_num: int) -> int:
+    """Episodes each evaluator env plays so that together they play at least ``n_episode``.
+
+    Every env plays the same number, so short episodes cannot crowd out long ones (which would bias the mean).
+    """
+    return max(1, math.ceil(n_episode / max(1, env_num)))
+
+
+class SerialEvaluator:
+    """Runs ``n_episode`` evaluation episodes with a policy's eval mode.
+
+    Args:
+        cfg: The compiled ``evaluator`` section: ``n_episode``, ``eval_freq`` (env steps between evaluations),
+            ``stop_val`` (mean return at which training stops).
+        env_manager: An env manager built with ``episode_num = eval_episodes_per_env(n_episode, env_num)``.
+        eval_mode: ``policy.eval_mode``.
+    """
+
+    config: Dict[str, Any] = dict(
+        n_episode=10,
+        eval_freq=1000,  # env steps between evaluations
+        stop_val=195.0,  # stop training once the mean evaluation return reaches this
+        eval_at_start=False,  # also evaluate the untrained policy at env step 0
+    )
+
+    def __init__(self, cfg: Dict[str, Any], env_manager: Any, eval_mode: Any) -> None:
+        self._cfg = cfg
+        self._env = env_manager
+        self._policy = eval_mode
+        self._last_eval_step: float = -math.inf if cfg.get("eval_at_start", False) else 0
+        self.eval_time = 0.0
+        self.best_reward = -math.inf
+
+    def should_eval(self, env_step: int) -> bool:
+        return env_step - self._last_eval_step >= self._cfg["eval_freq"]
+
+    def eval(self, train_iter: int = 0, env_step: int = 0) -> Dict[str, Any]:
+        """Play the evaluation episodes.
+
+        Returns:
+            ``{'eval/mean_reward', 'eval/std_reward', 'eval/min_reward', 'eval/max_reward', 'eval/mean_ep_len',
+            'eval/n_episode', 'eval/time', 'stop', 'best'}``; ``stop`` is true when the mean reached ``stop_val``,
+            ``best`` when it beat every earlier evaluation.
+        """
+        start = time.perf_counter()
+        self._last_eval_step = env_step
+        self._env.reset()
+        self._policy.reset()
+        returns: List[float] = []
+        lengths: List[int] = []
+        while not self._env.done:
+            obs = self._env.ready_obs
+            data_id = list(obs.keys())
+            output = self._policy.forward(data_id, obs)
+            timesteps = self._env.step({env_id: output[env_id]["action"] for env_id in data_id})
+            for env_id, timestep in timesteps.items():
+                if timestep.done and not timestep.info.get("abnormal", False):
+                    returns.append(float(timestep.info["episode_return"]))
+                    lengths.append(int(timestep.info["episode_len"]))
+                    self._policy.reset([env_id])
+        elapsed = time.perf_counter() - start
+        self.eval_time += elapsed
+        mean = float(np.mean(returns)) if returns else float("nan")
+        best = mean > self.best_reward
+        if best:
+            self.best_reward = mean
+        return {
+            "eval/mean_reward": mean,
+            "eval/std_reward": float(np.std(returns)) if returns else float("nan"),
+            "eval/min_reward": float(np.min(returns)) if returns else float("nan"),
+            "eval/max_reward": float(np.max(returns)) if returns else float("nan"),
+            "eval/mean_ep_len": float(np.mean(lengths)) if lengths else float("nan"),
+            "eval/n_episode": len(returns),
+            "eval/time": elapsed,
+            "train_iter": train_iter,
+            "env_step": env_step,
+            "stop": bool(returns) and mean >= self._cfg["stop_val"],
+            "best": best,
+        }
+
+    def close(self) -> None:
+        self._env.close()

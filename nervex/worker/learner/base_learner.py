@@ -1,0 +1,138 @@
+"""BaseLearner: runs a policy's learn mode on batches and calls hooks around it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+from nervex.torch_utils import load_checkpoint, save_checkpoint
+from nervex.utils.log_helper import ScalarWriter
+
+from .learner_hook import POSITIONS, LearnerHook, LoadCkptHook, LogShowHook, LrDecayHook, SaveCkptHook
+
+CHECKPOINT_VERSION = 1
+
+
+class BaseLearner:
+    """Trains a policy's learn mode one batch at a time.
+
+    Args:
+        cfg: The compiled ``learner`` section (see ``config``).
+        learn_mode: ``policy.learn_mode``.
+        run_dir: The run directory; checkpoints go to ``run_dir/ckpt``. None keeps everything in memory.
+        logger: Text logger (default: the ``nervex`` logger).
+        scalar_writer: TensorBoard writer shared with the other workers (default: none).
+
+    Example:
+        >>> learner = BaseLearner(cfg.learner, policy.learn_mode, run_dir)
+        >>> learner.call_hook('before_run')
+        >>> info = learner.train(batch, env_step=1000)
+    """
+
+    config: Dict[str, Any] = dict(
+        hook=dict(
+            load_ckpt="",  # path of a checkpoint to resume from before training
+            save_ckpt_after_iter=0,  # save ckpt/iteration_{n}.pt every n iterations; 0 = never
+            save_ckpt_after_run=True,  # save ckpt/final.pt when training ends
+            log_show_after_iter=500,  # print and write train/* scalars every n iterations
+        ),
+        lr_decay=dict(type="none", end_factor=0.1, total_iter=100000),
+    )
+
+    def __init__(
+        self,
+        cfg: Dict[str, Any],
+        learn_mode: Any,
+        run_dir: Optional[str] = None,
+        logger: Optional[logging.Logger] = None,
+        scalar_writer: Optional[ScalarWriter] = None,
+    ) -> None:
+        self._cfg = cfg
+        self._policy = learn_mode
+        self.run_dir = run_dir
+        self.ckpt_dir = os.path.join(run_dir, "ckpt") if run_dir else None
+        self.logger = logger or logging.getLogger("nervex")
+        self.scalar_writer = scalar_writer or ScalarWriter(None)
+        self.last_iter = 0
+        self.env_step = 0
+        self.last_info: Dict[str, Any] = {}
+        self.train_time = 0.0
+        self._hooks: Dict[str, List[LearnerHook]] = {p: [] for p in POSITIONS}
+        self._setup_hooks(cfg)
+
+    @property
+    def optimizer(self) -> Any:
+        # learn-mode functions are bound methods of the policy; its optimizer is where lr decay acts
+        return getattr(getattr(self._policy.forward, "__self__", None), "_optimizer", None)
+
+    def _setup_hooks(self, cfg: Dict[str, Any]) -> None:
+        hook_cfg = cfg.get("hook", {})
+        if hook_cfg.get("load_ckpt"):
+            self.register_hook(LoadCkptHook(hook_cfg["load_ckpt"]))
+        if self.ckpt_dir is not None:
+            if hook_cfg.get("save_ckpt_after_iter", 0) > 0:
+                self.register_hook(SaveCkptHook("after_iter", hook_cfg["save_ckpt_after_iter"]))
+            if hook_cfg.get("save_ckpt_after_run", True):
+                self.register_hook(SaveCkptHook("after_run"))
+        if hook_cfg.get("log_show_after_iter", 0) > 0:
+            self.register_hook(LogShowHook(hook_cfg["log_show_after_iter"]))
+        lr_cfg = cfg.get("lr_decay", {})
+        if lr_cfg.get("type", "none") != "none":
+            if self.optimizer is None:
+                raise ValueError("learner.lr_decay is set but the policy exposes no '_optimizer' to decay")
+            self.register_hook(LrDecayHook(self.optimizer, lr_cfg["type"], lr_cfg["end_factor"], lr_cfg["total_iter"]))
+
+    def register_hook(self, hook: LearnerHook) -> None:
+        """Add a hook; hooks at one position run in ascending priority."""
+        hooks = self._hooks[hook.position]
+        hooks.append(hook)
+        hooks.sort(key=lambda h: h.priority)
+
+    def call_hook(self, position: str) -> None:
+        """Run every hook registered at ``position``."""
+        for hook in self._hooks[position]:
+            hook(self)
+
+    def train(self, data: Dict[str, Any], env_step: Optional[int] = None) -> Dict[str, Any]:
+        """One gradient step on ``data`` (a batch dict).
+
+        Returns:
+            The policy's figures for this step (``total_loss``, ``cur_lr``, ..., and ``priority`` when the policy
+            uses prioritized replay).
+        """
+        if env_step is not None:
+            self.env_step = int(env_step)
+        self.call_hook("before_iter")
+        start = time.perf_counter()
+        info = self._policy.forward(data)
+        self.train_time += time.perf_counter() - start
+        self.last_iter += 1
+        self.last_info = info
+        self.call_hook("after_iter")
+        return info
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Only state_dicts and plain numbers, so the file loads with ``torch.load(weights_only=True)``."""
+        return {
+            "version": CHECKPOINT_VERSION,
+            "policy": self._policy.state_dict(),
+            "train_iter": int(self.last_iter),
+            "env_step": int(self.env_step),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        version = state.get("version")
+        if version != CHECKPOINT_VERSION:
+            raise ValueError(f"checkpoint version {version!r} is not supported (expected {CHECKPOINT_VERSION})")
+        self._policy.load_state_dict(state["policy"])
+        self.last_iter = int(state["train_iter"])
+        self.env_step = int(state["env_step"])
+
+    def save_checkpoint(self, path: str) -> str:
+        save_checkpoint(self.state_dict(), path)
+        return path
+
+    def load_checkpoint(self, path: str) -> None:
+        self.load_state_dict(load_checkpoint(path))
