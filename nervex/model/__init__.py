@@ -1,0 +1,29 @@
+"""Models: plain ``nn.Module``s whose ``forward`` returns a dict; no RL state lives here."""
+
+from typing import Any
+
+import torch.nn as nn
+
+from nervex.utils import MODEL_REGISTRY
+
+from .discrete_net import ConvDiscreteNet, FCDiscreteNet
+from .head import DiscreteHead
+
+
+def create_model(model_type: str, **kwargs: Any) -> nn.Module:
+    """Build the model registered as ``model_type`` in ``MODEL_REGISTRY``.
+
+    Args:
+        model_type: e.g. ``'fc_discrete_net'`` or ``'conv_discrete_net'``.
+        **kwargs: The model class's constructor arguments.
+
+    Returns:
+        The new model.
+
+    Raises:
+        KeyError: unknown ``model_type``; the message lists the registered names and the nearest match.
+    """
+    return MODEL_REGISTRY.build(model_type, **kwargs)
+
+
+__all__ = ["FCDiscreteNet", "ConvDiscreteNet", "DiscreteHead", "create_model"]

@@ -1,0 +1,267 @@
+"""Agent plugins: small objects that each wrap one model forward call.
+
+A plugin is called as ``plugin(forward, data, **its_kwargs)``, where ``forward(data) -> dict`` runs everything
+inside it (the inner plugins, then the model). It may change ``data`` on the way in, the output on the way out, or the
+context the call runs in. ``forward_kwargs`` names the ``Agent.forward`` keyword arguments it takes; the Agent hands
+those to it and passes the rest to the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import inspect
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+ForwardFn = Callable[[Any], Dict[str, Any]]
+
+
+class AgentPlugin:
+    """Base class: a plugin that passes the call through unchanged.
+
+    Attributes:
+        name: The name ``Agent.add_plugin`` knows it by.
+        forward_kwargs: Names of the ``Agent.forward`` keyword arguments this plugin consumes.
+        samples_action: True for plugins that set ``output['action']``; an agent model takes at most one.
+    """
+
+    name = "base"
+    forward_kwargs: Tuple[str, ...] = ()
+    samples_action = False
+
+    def __init__(self) -> None:
+        pass
+
+    def __call__(self, forward: ForwardFn, data: Any, **kwargs: Any) -> Dict[str, Any]:
+        return forward(data)
+
+    def reset(self, state_id: Optional[Iterable[int]] = None) -> None:
+        """Forget per-episode state (only stateful plugins have any)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+# ---- sampling ------------------------------------------------------------------------------------------------------
+def _masked_logit(output: Dict[str, Any], data: Any, plugin: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``output['logit']`` with illegal actions at -inf, and the bool mask (or None).
+
+    The mask is ``output['action_mask']`` or, failing that, ``data['action_mask']`` (1/True = legal).
+    """
+    if not isinstance(output, dict) or not isinstance(output.get("logit"), torch.Tensor):
+        got = sorted(output) if isinstance(output, dict) else type(output).__name__
+        raise TypeError(f"{plugin} needs the model output to be a dict with a 'logit' tensor, got {got}")
+    logit = output["logit"]
+    mask = output.get("action_mask")
+    if mask is None and isinstance(data, dict):
+        mask = data.get("action_mask")
+    if mask is None:
+        return logit, None
+    mask = torch.as_tensor(mask, device=logit.device).bool()
+    if mask.shape != logit.shape:
+        raise ValueError(f"{plugin}: action_mask shape {tuple(mask.shape)} differs from logit {tuple(logit.shape)}")
+    if not bool(mask.any(dim=-1).all()):
+        raise ValueError(f"{plugin}: action_mask has a row with no legal action")
+    return logit.masked_fill(~mask, float("-inf")), mask
+
+
+class ArgmaxSamplePlugin(AgentPlugin):
+    """Sets ``output['action']`` to the legal action with the largest logit (greedy).
+
+    Shapes:
+        ``logit`` ``(B, A)`` -> ``action`` ``(B,)`` int64.
+    """
+
+    name = "argmax_sample"
+    samples_action = True
+
+    def __call__(self, forward: ForwardFn, data: Any, **kwargs: Any) -> Dict[str, Any]:
+        output = forward(data)
+        logit, _ = _masked_logit(output, data, self.name)
+        output["action"] = logit.argmax(dim=-1)
+        return output
+
+
+class EpsGreedySamplePlugin(AgentPlugin):
+    """Greedy action, replaced with probability ``eps`` by a uniformly random legal action.
+
+    Needs ``Agent.forward(data, eps=...)``. Draws from torch's global RNG, so a seeded run repeats itself.
+
+    Shapes:
+        ``logit`` ``(B, A)`` -> ``action`` ``(B,)`` int64.
+    """
+
+    name = "eps_greedy_sample"
+    forward_kwargs = ("eps",)
+    samples_action = True
+
+    def __call__(self, forward: ForwardFn, data: Any, eps: Optional[float] = None, **kwargs: Any) -> Dict[str, Any]:
+        if eps is None:
+            raise TypeError("eps_greedy_sample needs the exploration rate: call forward(data, eps=0.1)")
+        eps = float(eps)
+        if not 0.0 <= eps <= 1.0:
+            raise ValueError(f"eps_greedy_sample: eps must be in [0, 1], got {eps}")
+        output = forward(data)
+        logit, mask = _masked_logit(output, data, self.name)
+        action = logit.argmax(dim=-1)
+        if eps > 0:
+            num_actions = logit.shape[-1]
+            explore = torch.rand(action.shape, device=action.device) < eps
+            if mask is None:
+                random_action = torch.randint(num_actions, action.shape, device=action.device)
+            else:
+                random_action = torch.multinomial(mask.reshape(-1, num_actions).float(), 1).reshape(action.shape)
+            action = torch.where(explore, random_action, action)
+        output["action"] = action
+        return output
+
+
+class MultinomialSamplePlugin(AgentPlugin):
+    """Samples ``output['action']`` from ``softmax(logit)`` over the legal actions (stochastic policies).
+
+    Shapes:
+        ``logit`` ``(B, A)`` -> ``action`` ``(B,)`` int64.
+    """
+
+    name = "multinomial_sample"
+    samples_action = True
+
+    def __call__(self, forward: ForwardFn, data: Any, **kwargs: Any) -> Dict[str, Any]:
+        output = forward(data)
+        logit, _ = _masked_logit(output, data, self.name)
+        probs = torch.softmax(logit.detach(), dim=-1)
+        num_actions = logit.shape[-1]
+        output["action"] = torch.multinomial(probs.reshape(-1, num_actions), 1).reshape(logit.shape[:-1])
+        return output
+
+
+# ---- execution context ---------------------------------------------------------------------------------------------
+class GradPlugin(AgentPlugin):
+    """Runs the forward under ``torch.no_grad()`` when ``enable_grad`` is False.
+
+    With ``enable_grad=True`` the caller's grad mode is left as it is, so a caller's own ``torch.no_grad()`` block
+    (e.g. DQN picking the double-Q next action) still avoids building a graph.
+
+    Args:
+        enable_grad: Whether the forward may record gradients.
+    """
+
+    name = "grad"
+
+    def __init__(self, enable_grad: bool) -> None:
+        if not isinstance(enable_grad, bool):
+            raise TypeError(f"grad plugin: enable_grad must be True or False, got {enable_grad!r}")
+        self.enable_grad = enable_grad
+
+    def __call__(self, forward: ForwardFn, data: Any, **kwargs: Any) -> Dict[str, Any]:
+        context = contextlib.nullcontext() if self.enable_grad else torch.no_grad()
+        with context:
+            return forward(data)
+
+    def __repr__(self) -> str:
+        return f"GradPlugin(enable_grad={self.enable_grad})"
+
+
+# ---- recurrent state -----------------------------------------------------------------------------------------------
+def _detach(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.detach()
+    if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
+        return type(state)(_detach(s) for s in state)
+    if isinstance(state, dict):
+        return {k: _detach(v) for k, v in state.items()}
+    return state
+
+
+class HiddenStatePlugin(AgentPlugin):
+    """Keeps one recurrent state per id (per env) between forward calls.
+
+    ``forward(data, state_id=[...])`` puts the listed ids' states into ``data['prev_state']`` (a list in the order
+    of ``state_id``; all ids in order when ``state_id`` is None) and stores ``output['next_state'][k]`` as the new
+    state of ``state_id[k]``. Stored tensors are detached: gradients do not flow from one call into the next.
+
+    Args:
+        state_num: How many states (ids ``0 .. state_num - 1``).
+        init_fn: Makes a fresh state, at construction and on ``reset``; None by default (the model starts from zero).
+        save_prev_state: Also return the states that went in as ``output['prev_state']`` (to store in transitions).
+    """
+
+    name = "hidden_state"
+    forward_kwargs = ("state_id",)
+
+    def __init__(self, state_num: int, init_fn: Callable[[], Any] = lambda: None, save_prev_state: bool = False):
+        if isinstance(state_num, bool) or not isinstance(state_num, int) or state_num < 1:
+            raise ValueError(f"hidden_state plugin: state_num must be a positive int, got {state_num!r}")
+        if not callable(init_fn):
+            raise TypeError(f"hidden_state plugin: init_fn must be a callable taking no arguments, got {init_fn!r}")
+        self.state_num = state_num
+        self.init_fn = init_fn
+        self.save_prev_state = save_prev_state
+        self._states: List[Any] = [init_fn() for _ in range(state_num)]
+
+    def _ids(self, state_id: Optional[Iterable[int]]) -> List[int]:
+        if state_id is None:
+            return list(range(self.state_num))
+        ids = [int(i) for i in state_id]
+        bad = [i for i in ids if not 0 <= i < self.state_num]
+        if bad:
+            raise IndexError(f"hidden_state plugin: state_id {bad} out of range 0..{self.state_num - 1}")
+        return ids
+
+    @property
+    def states(self) -> List[Any]:
+        """The current state of every id (a copy of the list)."""
+        return list(self._states)
+
+    def __call__(self, forward: ForwardFn, data: Any, state_id: Optional[Iterable[int]] = None, **kwargs: Any):
+        if not isinstance(data, dict):
+            raise TypeError(f"hidden_state plugin needs dict data to add 'prev_state' to, got {type(data).__name__}")
+        ids = self._ids(state_id)
+        prev_state = [self._states[i] for i in ids]
+        output = forward({**data, "prev_state": prev_state})  # a new dict: the caller's data is left alone
+        if not isinstance(output, dict) or "next_state" not in output:
+            raise KeyError("hidden_state plugin needs the model output to hold 'next_state' (one state per id)")
+        next_state = output["next_state"]
+        if len(next_state) != len(ids):
+            raise ValueError(f"hidden_state plugin: got {len(next_state)} next states for {len(ids)} state ids")
+        for i, state in zip(ids, next_state):
+            self._states[i] = _detach(state)
+        if self.save_prev_state:
+            output["prev_state"] = prev_state
+        return output
+
+    def reset(self, state_id: Optional[Iterable[int]] = None) -> None:
+        for i in self._ids(state_id):
+            self._states[i] = self.init_fn()
+
+    def __repr__(self) -> str:
+        return f"HiddenStatePlugin(state_num={self.state_num})"
+
+
+PLUGINS: Dict[str, type] = {
+    cls.name: cls
+    for cls in (ArgmaxSamplePlugin, EpsGreedySamplePlugin, MultinomialSamplePlugin, GradPlugin, HiddenStatePlugin)
+}
+
+
+def create_plugin(name: str, **kwargs: Any) -> AgentPlugin:
+    """Build the plugin called ``name`` with its constructor ``kwargs``.
+
+    Raises:
+        ValueError: unknown name (the message lists valid names and the nearest match).
+        TypeError: ``kwargs`` do not fit the plugin; the message shows what it takes.
+    """
+    if name not in PLUGINS:
+        close = difflib.get_close_matches(str(name), list(PLUGINS), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ValueError(f"unknown agent plugin '{name}'; valid: {', '.join(PLUGINS)}{hint}")
+    cls = PLUGINS[name]
+    signature = inspect.signature(cls.__init__)
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as e:
+        takes = ", ".join(p for p in signature.parameters if p != "self") or "no arguments"
+        raise TypeError(f"agent plugin '{name}' takes {takes}; got {sorted(kwargs)} ({e})") from None
+    return cls(**kwargs)

@@ -1,0 +1,144 @@
+"""Q-networks for discrete actions: an MLP for vector observations and the Nature-DQN CNN for images."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from nervex.torch_utils import MLP, conv2d_block, fc_block
+from nervex.utils import MODEL_REGISTRY
+
+from .head import DiscreteHead
+
+
+def _as_shape(value: Union[int, Sequence[int]], arg: str) -> Tuple[int, ...]:
+    shape = (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
+    if not shape or any(v < 1 for v in shape):
+        raise ValueError(f"{arg} must be a positive int or a sequence of positive ints, got {value!r}")
+    return shape
+
+
+def _check_trailing_shape(x: torch.Tensor, shape: Tuple[int, ...], model: str) -> None:
+    if x.dim() <= len(shape) or tuple(x.shape[-len(shape) :]) != shape:
+        raise ValueError(
+            f"{model} expects input of shape (B, {', '.join(map(str, shape))}), got {tuple(x.shape)}; "
+            "check the model's obs_dim / obs_shape against the env's observation space"
+        )
+
+
+class FCDiscreteNet(nn.Module):
+    """An MLP Q-network: observation vector -> Q-value per action.
+
+    Args:
+        obs_dim: Observation size, or its shape (flattened).
+        action_dim: Number of actions.
+        hidden_sizes: Widths of the hidden layers.
+        dueling: Use the dueling head, ``Q = V + A - mean_a(A)``.
+        activation: Hidden-layer activation name (see ``nervex.torch_utils.get_activation``).
+
+    Shapes:
+        ``forward``: ``x`` ``(B, *obs_shape)`` -> ``{'logit': (B, action_dim)}``; extra leading dims are kept.
+    """
+
+    def __init__(
+        self,
+        obs_dim: Union[int, Sequence[int]],
+        action_dim: int,
+        hidden_sizes: Sequence[int] = (128, 128),
+        dueling: bool = False,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        self.obs_shape = _as_shape(obs_dim, "FCDiscreteNet obs_dim")
+        self.encoder = MLP(math.prod(self.obs_shape), hidden_sizes, activation=activation)
+        self.head = DiscreteHead(self.encoder.out_dim, action_dim, dueling)
+
+    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Q-values of every action.
+
+        Args:
+            x: Observations; integer inputs are cast to float without scaling.
+
+        Returns:
+            ``{'logit': Q-values}``.
+
+        Shapes:
+            ``x``: ``(B, *obs_shape)``; ``logit``: ``(B, action_dim)``.
+        """
+        _check_trailing_shape(x, self.obs_shape, "FCDiscreteNet")
+        if not x.is_floating_point():
+            x = x.float()
+        x = x.flatten(start_dim=x.dim() - len(self.obs_shape))
+        return {"logit": self.head(self.encoder(x))}
+
+
+def _nature_conv_out(size: int) -> int:
+    for kernel, stride in ((8, 4), (4, 2), (3, 1)):
+        size = (size - kernel) // stride + 1
+    return size
+
+
+class ConvDiscreteNet(nn.Module):
+    """The Nature-DQN Q-network (Mnih et al. 2015): three conv layers, one hidden FC layer, Q-value per action.
+
+    Args:
+        obs_shape: ``(C, H, W)``, e.g. ``(4, 84, 84)`` for four stacked Atari frames; H and W must be at least 36.
+        action_dim: Number of actions.
+        hidden_size: Width of the FC layer after the convolutions.
+        dueling: Use the dueling head, ``Q = V + A - mean_a(A)``.
+
+    Shapes:
+        ``forward``: ``x`` ``(B, C, H, W)`` -> ``{'logit': (B, action_dim)}``.
+    """
+
+    def __init__(
+        self, obs_shape: Sequence[int], action_dim: int, hidden_size: int = 512, dueling: bool = False
+    ) -> None:
+        super().__init__()
+        self.obs_shape = _as_shape(obs_shape, "ConvDiscreteNet obs_shape")
+        if len(self.obs_shape) != 3:
+            raise ValueError(f"ConvDiscreteNet obs_shape must be (C, H, W), got {tuple(obs_shape)}")
+        channels, height, width = self.obs_shape
+        out_h, out_w = _nature_conv_out(height), _nature_conv_out(width)
+        if out_h < 1 or out_w < 1:
+            raise ValueError(
+                f"ConvDiscreteNet obs_shape {self.obs_shape} is too small for the 8x8/4, 4x4/2, 3x3/1 encoder; "
+                "H and W must be at least 36"
+            )
+        self.encoder = nn.Sequential(
+            conv2d_block(channels, 32, 8, stride=4),
+            conv2d_block(32, 64, 4, stride=2),
+            conv2d_block(64, 64, 3, stride=1),
+            nn.Flatten(),
+            fc_block(64 * out_h * out_w, int(hidden_size)),
+        )
+        self.head = DiscreteHead(int(hidden_size), action_dim, dueling)
+
+    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Q-values of every action.
+
+        Args:
+            x: Images; ``uint8`` pixels are scaled to ``[0, 1]``, float inputs are used as they are.
+
+        Returns:
+            ``{'logit': Q-values}``.
+
+        Shapes:
+            ``x``: ``(B, C, H, W)``; ``logit``: ``(B, action_dim)``.
+        """
+        _check_trailing_shape(x, self.obs_shape, "ConvDiscreteNet")
+        if x.dtype == torch.uint8:
+            # replay keeps frames as uint8 (4x smaller); scale on the model's device, after the transfer
+            x = x.float().mul_(1.0 / 255.0)
+        elif not x.is_floating_point():
+            x = x.float()
+        leading = x.shape[:-3]
+        logit = self.head(self.encoder(x.reshape(-1, *self.obs_shape)))
+        return {"logit": logit.reshape(*leading, -1)}
+
+
+MODEL_REGISTRY.register("fc_discrete_net", FCDiscreteNet)
+MODEL_REGISTRY.register("conv_discrete_net", ConvDiscreteNet)

@@ -1,0 +1,236 @@
+import pytest
+import torch
+import torch.nn as nn
+
+from nervex.agent import Agent
+
+
+class FixedLogit(nn.Module):
+    """Returns the logits it is given (data['logit']), times a parameter so that grad mode is observable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, data: dict) -> dict:
+        return {"logit": data["logit"] * self.scale}
+
+
+class Accumulator(nn.Module):
+    """A recurrent toy model: next_state = prev_state + x, one state per row."""
+
+    def forward(self, data: dict) -> dict:
+        prev = torch.stack(data["prev_state"])
+        next_state = prev + data["x"]
+        return {"logit": next_state, "next_state": list(next_state.unbind(0))}
+
+
+def _agent(*plugins, model=None) -> Agent:
+    agent = Agent(model or FixedLogit())
+    for name, kwargs in plugins:
+        agent.add_plugin("main", name, **kwargs)
+    return agent
+
+
+LOGIT = torch.tensor([[0.1, 0.9, 0.3], [2.0, -1.0, 0.5], [0.0, 0.0, 5.0]])
+
+
+def test_argmax_sample_sets_int64_action():
+    out = _agent(("argmax_sample", {})).forward({"logit": LOGIT})
+    assert out["action"].dtype == torch.int64 and out["action"].tolist() == [1, 0, 2]
+    assert torch.equal(out["logit"], LOGIT)
+
+
+def test_argmax_respects_action_mask():
+    mask = torch.tensor([[1, 0, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    out = _agent(("argmax_sample", {})).forward({"logit": LOGIT, "action_mask": mask})
+    assert out["action"].tolist() == [2, 2, 2]
+    with pytest.raises(ValueError, match="no legal action"):
+        _agent(("argmax_sample", {})).forward({"logit": LOGIT, "action_mask": torch.zeros(3, 3, dtype=torch.bool)})
+
+
+def test_eps_greedy_with_eps_zero_is_argmax():
+    torch.manual_seed(0)
+    logit = torch.randn(500, 4)
+    out = _agent(("eps_greedy_sample", {})).forward({"logit": logit}, eps=0.0)
+    assert torch.equal(out["action"], logit.argmax(dim=-1))
+
+
+def test_eps_greedy_with_eps_one_is_uniform():
+    torch.manual_seed(0)
+    n, num_actions = 30000, 3
+    logit = torch.tensor([[0.0, 0.0, 10.0]]).expand(n, num_actions)  # greedy would always pick 2
+    out = _agent(("eps_greedy_sample", {})).forward({"logit": logit}, eps=1.0)
+    freq = torch.bincount(out["action"], minlength=num_actions).float() / n
+    torch.testing.assert_close(freq, torch.full((3,), 1 / 3), atol=0.015, rtol=0)
+
+
+def test_eps_greedy_half_mixes_greedy_and_random():
+    torch.manual_seed(1)
+    n = 30000
+    logit = torch.tensor([[0.0, 0.0, 10.0, 0.0]]).expand(n, 4)
+    out = _agent(("eps_greedy_sample", {})).forward({"logit": logit}, eps=0.5)
+    # P(greedy action) = (1 - eps) + eps / A = 0.5 + 0.125
+    assert (out["action"] == 2).float().mean().item() == pytest.approx(0.625, abs=0.015)
+
+
+def test_eps_greedy_random_actions_respect_the_mask_and_are_reproducible():
+    n = 3000
+    logit = torch.zeros(n, 3)
+    mask = torch.tensor([[True, False, True]]).expand(n, 3)
+    agent = _agent(("eps_greedy_sample", {}))
+    torch.manual_seed(3)
+    first = agent.forward({"logit": logit, "action_mask": mask}, eps=1.0)["action"]
+    torch.manual_seed(3)
+    second = agent.forward({"logit": logit, "action_mask": mask}, eps=1.0)["action"]
+    assert torch.equal(first, second)
+    assert (first != 1).all() and {0, 2} == set(first.tolist())
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message", [({}, TypeError, "eps=0.1"), ({"eps": 1.5}, ValueError, r"\[0, 1\]")]
+)
+def test_eps_greedy_needs_a_valid_eps(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        _agent(("eps_greedy_sample", {})).forward({"logit": LOGIT}, **kwargs)
+
+
+def test_multinomial_sample_follows_softmax():
+    torch.manual_seed(0)
+    probs = torch.tensor([0.2, 0.3, 0.5])
+    n = 30000
+    out = _agent(("multinomial_sample", {})).forward({"logit": probs.log().expand(n, 3)})
+    assert out["action"].dtype == torch.int64 and out["action"].shape == (n,)
+    freq = torch.bincount(out["action"], minlength=3).float() / n
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "enable_grad, outer_no_grad, requires_grad", [(False, False, False), (True, False, True), (True, True, False)]
+)
+def test_grad_plugin(enable_grad, outer_no_grad, requires_grad):
+    agent = _agent(("grad", {"enable_grad": enable_grad}), ("argmax_sample", {}))
+    if outer_no_grad:
+        with torch.no_grad():
+            out = agent.forward({"logit": LOGIT})
+    else:
+        out = agent.forward({"logit": LOGIT})
+    assert out["logit"].requires_grad is requires_grad
+    assert out["action"].tolist() == [1, 0, 2]
+
+
+def test_hidden_state_keeps_one_state_per_id_and_resets():
+    agent = _agent(("hidden_state", {"state_num": 3, "init_fn": lambda: torch.zeros(1)}), model=Accumulator())
+    data = {"x": torch.tensor([[1.0], [2.0]])}
+    out = agent.forward(data, state_id=[0, 2])
+    assert out["logit"].tolist() == [[1.0], [2.0]]
+    assert "prev_state" not in data  # the caller's dict is not changed
+    agent.forward({"x": torch.tensor([[10.0]])}, state_id=[2])
+    plugin = agent.plugin("main", "hidden_state")
+    assert [s.item() for s in plugin.states] == [1.0, 0.0, 12.0]
+    agent.forward({"x": torch.ones(3, 1)})  # no state_id: every id, in order
+    assert [s.item() for s in plugin.states] == [2.0, 1.0, 13.0]
+    agent.reset(state_id=[0])
+    assert [s.item() for s in plugin.states] == [0.0, 1.0, 13.0]
+    agent.reset()
+    assert [s.item() for s in plugin.states] == [0.0, 0.0, 0.0]
+
+
+def test_hidden_state_detaches_stored_states_and_can_return_prev_state():
+    class Linear(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(1))
+
+        def forward(self, data: dict) -> dict:
+            prev = torch.stack([torch.zeros(1) if s is None else s for s in data["prev_state"]])
+            next_state = prev + self.w * data["x"]
+            return {"logit": next_state, "next_state": list(next_state.unbind(0))}
+
+    agent = _agent(("hidden_state", {"state_num": 2, "save_prev_state": True}), model=Linear())
+    first = agent.forward({"x": torch.ones(2, 1)}, state_id=[0, 1])
+    assert first["prev_state"] == [None, None] and first["logit"].requires_grad
+    assert not any(s.requires_grad for s in agent.plugin("main", "hidden_state").states)
+    second = agent.forward({"x": torch.ones(1, 1)}, state_id=[1])
+    assert second["prev_state"][0].item() == 1.0 and second["logit"].item() == 2.0
+
+
+@pytest.mark.parametrize(
+    "state_id, data, error, message",
+    [
+        ([5], {"x": torch.ones(1, 1)}, IndexError, r"state_id \[5\] out of range 0..1"),
+        ([0], torch.ones(1, 1), TypeError, "needs dict data"),
+    ],
+)
+def test_hidden_state_errors(state_id, data, error, message):
+    agent = _agent(("hidden_state", {"state_num": 2, "init_fn": lambda: torch.zeros(1)}), model=Accumulator())
+    with pytest.raises(error, match=message):
+        agent.forward(data, state_id=state_id)
+
+
+def test_plugins_compose_on_one_model():
+    agent = _agent(
+        ("hidden_state", {"state_num": 2, "init_fn": lambda: torch.zeros(3)}),
+        ("eps_greedy_sample", {}),
+        ("grad", {"enable_grad": False}),
+        model=Accumulator(),
+    )
+    out = agent.forward({"x": torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 0.0]])}, eps=0.0, state_id=[1, 0])
+    assert out["action"].tolist() == [1, 0] and not out["logit"].requires_grad
+
+
+def test_target_model_has_its_own_plugins():
+    agent = Agent(FixedLogit())
+    with pytest.raises(ValueError, match=r"add_model\('target'"):
+        agent.add_plugin("target", "argmax_sample")
+    agent.add_model("target", update_type="assign", update_kwargs={"freq": 1})
+    agent.add_plugin("target", "argmax_sample")
+    assert agent.target_forward({"logit": LOGIT})["action"].tolist() == [1, 0, 2]
+    assert "action" not in agent.forward({"logit": LOGIT})
+
+
+@pytest.mark.parametrize(
+    "model_name, name, kwargs, error, message",
+    [
+        (
+            "main",
+            "eps_greedy",
+            {},
+            ValueError,
+            r"unknown agent plugin 'eps_greedy'; valid: .*did you mean 'eps_greedy_sample'",
+        ),
+        ("main", "grad", {}, TypeError, r"agent plugin 'grad' takes enable_grad"),
+        ("main", "grad", {"enable_grad": 1}, TypeError, "True or False"),
+        ("main", "hidden_state", {"state_num": 0}, ValueError, "positive int"),
+        ("main", "argmax_sample", {"eps": 0.1}, TypeError, "takes no arguments"),
+        ("critic", "argmax_sample", {}, ValueError, r"model_name must be one of \('main', 'target'\)"),
+    ],
+)
+def test_add_plugin_errors(model_name, name, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        Agent(FixedLogit()).add_plugin(model_name, name, **kwargs)
+
+
+def test_one_sampling_plugin_per_model_and_no_duplicates():
+    agent = _agent(("argmax_sample", {}), ("grad", {"enable_grad": False}))
+    assert agent.plugin("main", "grad").enable_grad is False
+    with pytest.raises(KeyError, match=r"no plugin 'hidden_state'; it has \['argmax_sample', 'grad'\]"):
+        agent.plugin("main", "hidden_state")
+    with pytest.raises(ValueError, match="already has plugin 'argmax_sample'"):
+        agent.add_plugin("main", "multinomial_sample")
+    with pytest.raises(ValueError, match="already has plugin 'grad'"):
+        agent.add_plugin("main", "grad", enable_grad=True)
+
+
+def test_forward_kwargs_nobody_takes_are_an_error():
+    with pytest.raises(TypeError, match=r"keyword\(s\) \['eps'\] that neither the 'main' model nor its plugins"):
+        _agent(("argmax_sample", {})).forward({"logit": LOGIT}, eps=0.1)
+
+
+def test_mode_switches_main_and_target():
+    agent = Agent(nn.Sequential(nn.Dropout(0.5)))
+    agent.add_model("target", update_type="assign", update_kwargs={"freq": 1})
+    agent.mode(train=False)
+    assert not agent.model.training and not agent.target_model.training
+    agent.mode(train=True)
+    assert agent.model.training and agent.target_model.training
