@@ -22,8 +22,8 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2", "ruff>=0.4"],
         "bench": ["stable-baselines3>=2.3", "tianshou>=1.0"],
-        "atari": ["ale-py>=0.9"],
-        "mujoco": ["mujoco>=3.0"],
+        "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],  # cv2: the reference INTER_AREA resize
+        "mujoco": ["mujoco>=3.0", "imageio>=2.14"],  # gymnasium.envs.mujoco imports imageio
         "dist": ["flask>=3.0", "requests>=2.31"],
     },
     entry_points={"console_scripts": ["nervex=nervex.entry.cli:main"]},

@@ -97,10 +97,22 @@ def run_sb3(seed: int, max_steps: int) -> Dict[str, Optional[float]]:
     env = gym.make("CartPole-v1")
     # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 (n_timesteps 5e4: exploration over 0.16 * 5e4 = 8k steps)
     model = DQN(
-        "MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
-        gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
-        exploration_fraction=8000 / max_steps, exploration_final_eps=0.04,
-        policy_kwargs=dict(net_arch=[256, 256]), seed=seed, verbose=0, device="cpu",
+        "MlpPolicy",
+        env,
+        learning_rate=2.3e-3,
+        batch_size=64,
+        buffer_size=100_000,
+        learning_starts=1000,
+        gamma=0.99,
+        target_update_interval=10,
+        train_freq=256,
+        gradient_steps=128,
+        exploration_fraction=8000 / max_steps,
+        exploration_final_eps=0.04,
+        policy_kwargs=dict(net_arch=[256, 256]),
+        seed=seed,
+        verbose=0,
+        device="cpu",
     )
     cb = EvalTimer()
     model.learn(total_timesteps=max_steps, callback=cb)
@@ -126,8 +138,9 @@ def report(results: Dict[str, List[Dict[str, Optional[float]]]]) -> None:
     print("\nper seed:")
     for lib, recs in results.items():
         for i, r in enumerate(recs):
-            parts = [f"{k}={fmt(v, 'steps' if k.startswith('steps') or k == 'total_steps' else 's')}"
-                     for k, v in r.items()]
+            parts = [
+                f"{k}={fmt(v, 'steps' if k.startswith('steps') or k == 'total_steps' else 's')}" for k, v in r.items()
+            ]
             print(f"  {lib:8s} seed {i}: " + " ".join(parts))
     print("\nmedians of seeds (training time excludes evaluation):")
     header = f"{'':10s}" + "".join(f"{f'steps to {t:g}':>16s}{f'secs to {t:g}':>14s}" for t in THRESHOLDS)

@@ -118,7 +118,10 @@ def compile_config(cfg: Mapping[str, Any], source: Optional[str] = None) -> Easy
     env_user = user.get("env") or {}
     env_cls = _lookup(ENV_REGISTRY, env_user.get("env_type", "gym"), "env.env_type", where)
     manager_cls = _lookup(
-        ENV_MANAGER_REGISTRY, env_user.get("manager_type", ENV_PIPELINE_DEFAULTS["manager_type"]), "env.manager_type", where
+        ENV_MANAGER_REGISTRY,
+        env_user.get("manager_type", ENV_PIPELINE_DEFAULTS["manager_type"]),
+        "env.manager_type",
+        where,
     )
     env_defaults = dict(ENV_PIPELINE_DEFAULTS, manager=dict(manager_cls.config), **getattr(env_cls, "config", {}))
     out["env"] = validate_merge(env_defaults, env_user, "env", source)

@@ -145,7 +145,7 @@ def validate_merge(
         raise ConfigError(f"key '{path}'{where} expects a mapping, got {_type_name(user)} {user!r}")
     if not defaults:
         return copy.deepcopy(dict(user))
-    out = copy.deepcopy(dict(defaults))
+    out = to_plain(defaults)  # tuples in declared defaults become lists, as YAML would give them
     for key, value in user.items():
         full = f"{path}.{key}" if path else str(key)
         if key not in defaults:

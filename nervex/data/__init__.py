@@ -1,0 +1,26 @@
+"""Replay buffers, offline datasets and batch loading.
+
+* ``PrioritizedBuffer`` / ``ReplayBuffer``: columnar replay with vectorized sum/min trees (``SumTree``, ``MinTree``).
+* ``TrajectoryWriter`` / ``OfflineDataset`` / ``OfflineDataLoader``: offline RL data on disk and its loading.
+* ``AsyncDataLoader``: background prefetching from a buffer or dataset.
+* ``collate``: lists of nested dicts of arrays -> batched tensors.
+"""
+
+from .async_loader import AsyncDataLoader
+from .buffer import BaseBuffer, PrioritizedBuffer, ReplayBuffer
+from .collate import collate
+from .offline import OfflineDataLoader, OfflineDataset, TrajectoryWriter
+from .tree import MinTree, SumTree
+
+__all__ = [
+    "PrioritizedBuffer",
+    "ReplayBuffer",
+    "BaseBuffer",
+    "AsyncDataLoader",
+    "OfflineDataset",
+    "OfflineDataLoader",
+    "TrajectoryWriter",
+    "collate",
+    "SumTree",
+    "MinTree",
+]

@@ -20,7 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-c", "--config", default=DEFAULT_CONFIG, help=f"YAML config (default: {DEFAULT_CONFIG})")
     parser.add_argument("-s", "--seed", type=int, default=None, help="random seed (default: the config's seed)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
         help="override a config value, e.g. --set policy.learn.batch_size=64 (repeatable)",
     )
     parser.add_argument("--exp-name", default=None, help="run directory name under --run-root")

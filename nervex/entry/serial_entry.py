@@ -25,6 +25,7 @@ from easydict import EasyDict
 
 from nervex.config import compile_config, save_config
 from nervex.data import PrioritizedBuffer, ReplayBuffer
+from nervex.envs import ENV_PIPELINE_KEYS
 from nervex.policy import create_policy, set_seed
 from nervex.torch_utils import collate
 from nervex.utils import ENV_MANAGER_REGISTRY, ENV_REGISTRY, MODEL_REGISTRY
@@ -35,9 +36,17 @@ from nervex.worker.learner import BaseLearner
 from .callbacks import DefaultCallbacks
 
 EVAL_SEED_OFFSET = 100_000  # evaluator envs are seeded apart from every collector env
-ENV_PIPELINE_KEYS = ("env_type", "manager_type", "collector_env_num", "evaluator_env_num", "manager")
-EVAL_CSV_FIELDS = ["env_step", "train_iter", "mean_reward", "std_reward", "min_reward", "max_reward", "n_episode",
-                   "wall_time", "eval_time"]
+EVAL_CSV_FIELDS = [
+    "env_step",
+    "train_iter",
+    "mean_reward",
+    "std_reward",
+    "min_reward",
+    "max_reward",
+    "n_episode",
+    "wall_time",
+    "eval_time",
+]
 
 
 def default_exp_name(cfg: Mapping[str, Any], seed: int) -> str:
@@ -122,15 +131,23 @@ class SerialTrainer:
         collector_env = manager_cls(env_cls, env_cfg, cfg.env.collector_env_num, **cfg.env.manager)
         collector_env.seed(self.seed)
         n_eval_env = max(1, min(cfg.env.evaluator_env_num, cfg.evaluator.n_episode))
+        # an env class may play evaluation differently (e.g. Atari: whole games instead of lives)
+        eval_env_cfg = {**env_cfg, **getattr(env_cls, "eval_overrides", {})}
         evaluator_env = manager_cls(
-            env_cls, env_cfg, n_eval_env, episode_num=eval_episodes_per_env(cfg.evaluator.n_episode, n_eval_env),
+            env_cls,
+            eval_env_cfg,
+            n_eval_env,
+            episode_num=eval_episodes_per_env(cfg.evaluator.n_episode, n_eval_env),
             **cfg.env.manager,
         )
         evaluator_env.seed(self.seed + EVAL_SEED_OFFSET)
         self.policy = create_policy(cfg.policy)
         self.learner = BaseLearner(cfg.learner, self.policy.learn_mode, self.run_dir, self.logger, self.scalar_writer)
         self.actor = SerialActor(
-            cfg.actor, collector_env, self.policy.collect_mode, callbacks=_ActorCallbacks(self),
+            cfg.actor,
+            collector_env,
+            self.policy.collect_mode,
+            callbacks=_ActorCallbacks(self),
             data_writer=self._make_data_writer(cfg.actor.save_data),
         )
         self.evaluator = SerialEvaluator(cfg.evaluator, evaluator_env, self.policy.eval_mode)
@@ -215,7 +232,9 @@ class SerialTrainer:
         res = self.evaluator.eval(self.train_iter, self.env_step)
         self.last_eval = res
         wall = time.time() - self._start_time
-        self.eval_csv.write({k.split("/")[-1]: v for k, v in res.items()} | {"wall_time": wall, "eval_time": res["eval/time"]})
+        self.eval_csv.write(
+            {k.split("/")[-1]: v for k, v in res.items()} | {"wall_time": wall, "eval_time": res["eval/time"]}
+        )
         self.logger.info(
             f"[evaluator] env_step={self.env_step} train_iter={self.train_iter} "
             f"mean_reward={res['eval/mean_reward']:.2f} (+-{res['eval/std_reward']:.2f}, {res['eval/n_episode']} episodes)"
@@ -224,7 +243,9 @@ class SerialTrainer:
             self.learner.save_checkpoint(os.path.join(self.run_dir, "ckpt", "best.pt"))
         if res["stop"]:
             self.stopped = True
-            self.stop_reason = f"evaluation mean {res['eval/mean_reward']:.2f} >= stop_val {self.cfg.evaluator.stop_val}"
+            self.stop_reason = (
+                f"evaluation mean {res['eval/mean_reward']:.2f} >= stop_val {self.cfg.evaluator.stop_val}"
+            )
             self.logger.info(f"target reached: {self.stop_reason}")
         return {k: v for k, v in res.items() if k.startswith("eval/")}
 
@@ -262,8 +283,9 @@ class SerialTrainer:
 
         show = sys.stderr.isatty() if progress is None else progress
         result: Dict[str, Any] = {}
-        with tqdm(total=int(self.cfg.max_env_step), initial=self.env_step, disable=not show, unit="step",
-                  dynamic_ncols=True) as bar:
+        with tqdm(
+            total=int(self.cfg.max_env_step), initial=self.env_step, disable=not show, unit="step", dynamic_ncols=True
+        ) as bar:
             for result in self:
                 bar.update(self.env_step - bar.n)
                 if "eval/mean_reward" in result:
@@ -365,8 +387,12 @@ class _ActorCallbacks:
 
 
 def serial_pipeline(
-    cfg: Mapping[str, Any], seed: int = 0, exp_name: Optional[str] = None, run_root: str = "runs",
-    callbacks: Optional[Any] = None, progress: Optional[bool] = None,
+    cfg: Mapping[str, Any],
+    seed: int = 0,
+    exp_name: Optional[str] = None,
+    run_root: str = "runs",
+    callbacks: Optional[Any] = None,
+    progress: Optional[bool] = None,
 ) -> Any:
     """Train the policy a config describes until its target return (or step limit); return the trained policy.
 

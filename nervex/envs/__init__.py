@@ -1,0 +1,19 @@
+"""nervex environments: the env contract, ``GymEnv`` for any Gymnasium id, wrappers and the env registry."""
+
+from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep, EnvResetRequest
+from .factory import ENV_PIPELINE_KEYS, create_env, get_env_cls
+from .gym_env import GymEnv, UnknownEnvIdError
+from .wrappers import ENV_WRAPPER_REGISTRY
+
+__all__ = [
+    "BaseEnv",
+    "BaseEnvInfo",
+    "BaseEnvTimestep",
+    "EnvResetRequest",
+    "GymEnv",
+    "UnknownEnvIdError",
+    "ENV_WRAPPER_REGISTRY",
+    "ENV_PIPELINE_KEYS",
+    "get_env_cls",
+    "create_env",
+]

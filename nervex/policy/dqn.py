@@ -61,7 +61,9 @@ class DQNPolicy(CommonPolicy):
         self._nstep = int(self._cfg.nstep)
         self._priority = bool(self._cfg.priority)
         self._double = bool(learn.double)
-        self._criterion = torch.nn.MSELoss(reduction="none") if learn.loss == "mse" else torch.nn.SmoothL1Loss(reduction="none")
+        self._criterion = (
+            torch.nn.MSELoss(reduction="none") if learn.loss == "mse" else torch.nn.SmoothL1Loss(reduction="none")
+        )
         clip = dict(grad_clip_type="clip_norm", clip_value=float(learn.grad_clip)) if learn.grad_clip > 0 else {}
         self._optimizer = Adam(
             self._model.parameters(), lr=learn.learning_rate, weight_decay=learn.weight_decay, **clip

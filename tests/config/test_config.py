@@ -64,7 +64,9 @@ def test_typo_key_suggests_nearest(tmp_path):
 
 
 def test_nested_typo_and_top_level_typo(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown key 'policy.learn.bach_size'.*did you mean 'policy.learn.batch_size'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'policy.learn.bach_size'.*did you mean 'policy.learn.batch_size'"
+    ):
         compile_config(read_config(write(tmp_path, BASE + "  learn:\n    bach_size: 32\n")))
     with pytest.raises(ConfigError, match=r"unknown key 'evaluater'.*did you mean 'evaluator'"):
         compile_config(read_config(write(tmp_path, BASE + "evaluater:\n  stop_val: 100\n")))
@@ -113,7 +115,9 @@ def test_missing_policy_type(tmp_path):
 
 def test_model_kwargs_checked_against_model_signature(tmp_path):
     path = write(tmp_path, BASE + "  model:\n    hiden_sizes: [64]\n")
-    with pytest.raises(ConfigError, match=r"unknown key 'policy.model.hiden_sizes'.*did you mean 'policy.model.hidden_sizes'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'policy.model.hiden_sizes'.*did you mean 'policy.model.hidden_sizes'"
+    ):
         compile_config(read_config(path))
 
 

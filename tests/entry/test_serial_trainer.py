@@ -29,8 +29,8 @@ def test_same_seed_gives_identical_parameters(run_root):
     results = []
     for i in range(2):
         with SerialTrainer(small_cfg(), seed=3, exp_name=f"det{i}", run_root=run_root) as trainer:
-            run_iters(trainer, 40)  # 320 env steps, ~250 gradient steps
-            assert trainer.train_iter > 200
+            run_iters(trainer, 40)  # 320 env steps, 4 gradient steps per iteration after 64 steps
+            assert trainer.env_step == 320 and trainer.train_iter > 100
             results.append(params(trainer.policy))
     for a, b in zip(*results):
         assert torch.equal(a, b)
@@ -74,7 +74,23 @@ def test_resume_from_load_ckpt_config(run_root):
             assert torch.equal(a, b)
         result = resumed.train()
         assert result["env_step"] == env_step + 8
-        assert result["train_iter"] > train_iter
+        # the replay buffer starts empty again: learning resumes once it holds a batch (16 samples)
+        assert result["train_iter"] == train_iter
+        result = resumed.train()
+        assert result["train_iter"] == train_iter + 4
+
+
+def test_resume_with_replay_buffer(run_root):
+    with SerialTrainer(small_cfg(), seed=0, exp_name="buf", run_root=run_root) as trainer:
+        run_iters(trainer, 10)
+        path = trainer.save_checkpoint(with_buffer=True)
+        size = len(trainer.buffer)
+    assert size == 80 and os.path.exists(path[:-3] + ".replay.npz")
+    with SerialTrainer(small_cfg(), seed=0, exp_name="buf2", run_root=run_root) as resumed:
+        resumed.load_checkpoint(path, with_buffer=True)
+        assert len(resumed.buffer) == size
+        train_iter = resumed.train_iter
+        assert resumed.train()["train_iter"] == train_iter + 4  # trains at once: the buffer came back
 
 
 def test_run_directory_contents(run_root):
@@ -152,9 +168,25 @@ def test_serial_pipeline_returns_policy(run_root):
 
 def test_cli_trains_and_reports(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "nervex", "-m", "serial", "-c", os.path.join(ROOT, "app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml"),
-           "-s", "1", "--set", "max_env_step=80", "--set", "policy.learn.learning_starts=40",
-           "--exp-name", "cli", "--run-root", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nervex",
+        "-m",
+        "serial",
+        "-c",
+        os.path.join(ROOT, "app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml"),
+        "-s",
+        "1",
+        "--set",
+        "max_env_step=80",
+        "--set",
+        "policy.learn.learning_starts=40",
+        "--exp-name",
+        "cli",
+        "--run-root",
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "max_env_step 80 reached" in out.stdout
@@ -164,8 +196,17 @@ def test_cli_trains_and_reports(tmp_path):
 
 def test_cli_config_error_exit_code(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "nervex", "-c", os.path.join(ROOT, "app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml"),
-           "--set", "policy.lern.batch_size=3", "--run-root", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nervex",
+        "-c",
+        os.path.join(ROOT, "app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml"),
+        "--set",
+        "policy.lern.batch_size=3",
+        "--run-root",
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
     assert out.returncode == 2
     assert "unknown key 'policy.lern' in cartpole_dqn.yaml; did you mean 'policy.learn'?" in out.stderr

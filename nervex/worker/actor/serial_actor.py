@@ -120,17 +120,19 @@ class SerialActor:
             samples.extend(self._policy.get_train_sample(cache))
         if timestep.done:
             cache.clear()
-            self._end_episode(env_id, timestep.info)
+            self._policy.reset([env_id])
+            # a lost life (Atari's episodic life) is done for learning but the game goes on: no episode yet
+            if "episode_return" in timestep.info:
+                self._end_episode(env_id, timestep.info)
 
     def _end_episode(self, env_id: int, info: Dict[str, Any]) -> None:
         self.episode_count += 1
-        episode_return = float(info.get("episode_return", np.nan))
+        episode_return = float(info["episode_return"])
         episode_len = int(info.get("episode_len", 0))
         self.episode_returns.append(episode_return)
         self.episode_lens.append(episode_len)
         if self._writer is not None:
             self._writer.write(self._episode_buffer.pop(env_id, []))
-        self._policy.reset([env_id])
         self._callback("on_episode_end", env_id, episode_return, episode_len)
         self._callback("on_episode_start", env_id)
 

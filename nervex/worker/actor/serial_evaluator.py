@@ -65,10 +65,11 @@ class SerialEvaluator:
             output = self._policy.forward(data_id, obs)
             timesteps = self._env.step({env_id: output[env_id]["action"] for env_id in data_id})
             for env_id, timestep in timesteps.items():
-                if timestep.done and not timestep.info.get("abnormal", False):
-                    returns.append(float(timestep.info["episode_return"]))
-                    lengths.append(int(timestep.info["episode_len"]))
+                if timestep.done:
                     self._policy.reset([env_id])
+                    if "episode_return" in timestep.info and not timestep.info.get("abnormal", False):
+                        returns.append(float(timestep.info["episode_return"]))
+                        lengths.append(int(timestep.info["episode_len"]))
         elapsed = time.perf_counter() - start
         self.eval_time += elapsed
         mean = float(np.mean(returns)) if returns else float("nan")

@@ -1,0 +1,3 @@
+from .cartpole_env import CartPoleEnv
+
+__all__ = ["CartPoleEnv"]

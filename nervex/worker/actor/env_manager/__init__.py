@@ -1,0 +1,6 @@
+"""Env managers: several envs behind one ``step({env_id: action}) -> {env_id: timestep}`` interface."""
+
+from .base_env_manager import BaseEnvManager, EnvError, abnormal_timestep
+from .subprocess_env_manager import SubprocessEnvManager
+
+__all__ = ["BaseEnvManager", "SubprocessEnvManager", "EnvError", "abnormal_timestep"]

@@ -1,0 +1,3 @@
+from .pendulum_env import PendulumEnv
+
+__all__ = ["PendulumEnv"]

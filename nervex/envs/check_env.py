@@ -1,0 +1,245 @@
+"""``check_env``: check that an env keeps the nervex env contract (and Gymnasium's, for the gym env inside).
+
+The contract (see ``docs/internals.md``): ``reset()`` returns an observation inside ``info().obs_space``; ``step``
+returns a ``BaseEnvTimestep`` with an observation in that space, a Python ``float`` reward, a ``bool`` ``done`` equal
+to ``info['terminated'] or info['truncated']`` (both ``bool``); a ``done`` step's info carries ``episode_return``
+(the sum of the episode's rewards) and ``episode_len``; ``seed(s)`` makes the next rollout reproducible;
+``close()`` may be called twice.
+
+Two documented refinements, for envs that reshape rewards or episodes (``app_zoo.atari``):
+
+- an env that transforms rewards (clipping) reports the untransformed one in ``info['raw_reward']``;
+  ``episode_return`` is then the sum of those, the return users read in logs;
+- an env may end a *learning* episode inside a longer one (episodic life: a lost life terminates, the game goes
+  on). Such a ``done`` says ``info['game_over'] = False`` and carries no ``episode_return``; the return and length
+  reported at the real end cover the whole game, from the last reported end.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+
+from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep
+
+# attributes under which nervex envs keep the Gymnasium env they wrap, in the order they are tried
+GYM_ENV_ATTRS = ("gym_env", "_gym_env", "_env", "env")
+SEED_PROBES = 3  # different seeds tried before concluding that the seed has no effect
+
+
+class EnvCheckError(AssertionError):
+    """An env breaks the nervex env contract; the message names the property, the step and what was expected."""
+
+
+def find_gym_env(env: BaseEnv) -> Optional[gym.Env]:
+    """Return the Gymnasium env inside a nervex env (looked up as ``gym_env``, ``_gym_env``, ``_env``, ``env``)."""
+    for attr in GYM_ENV_ATTRS:
+        inner = getattr(env, attr, None)
+        if isinstance(inner, gym.Env):
+            return inner
+    return None
+
+
+def check_env(env: BaseEnv, n_steps: int = 200, seed: int = 0, deterministic: bool = False) -> None:
+    """Check ``env`` against the nervex env contract; raise on the first property it breaks.
+
+    Runs Gymnasium's own checker on the gym env inside (when there is one, found by :func:`find_gym_env`), then
+    plays ``n_steps`` random actions (resetting after every ``done``, checking every step): twice with seed ``seed``
+    (must be identical), then with seeds ``seed + 1``... (up to 3) but the same actions, until one differs (one must,
+    unless ``deterministic``). Finally closes ``env`` twice.
+
+    Args:
+        env: The env to check; it is seeded, stepped and closed.
+        n_steps: Steps per rollout; long enough to see some episode ends makes the episode checks bite.
+        seed: Seed of the env and of the random actions.
+        deterministic: The env has no randomness by design: skip the "a different seed differs" check.
+
+    Raises:
+        EnvCheckError: naming the failed property, e.g. ``step 3: reward must be a Python float, got ndarray``.
+    """
+    env_info = env.info()
+    _check_env_info(env_info)
+    gym_env = find_gym_env(env)
+    if gym_env is not None:
+        _run_gymnasium_checker(gym_env)
+    first = _rollout(env, env_info, n_steps, env_seed=seed, action_seed=seed)
+    second = _rollout(env, env_info, n_steps, env_seed=seed, action_seed=seed)
+    diff = _first_difference(first, second)
+    if diff is not None:
+        raise EnvCheckError(
+            f"seeding: two rollouts after env.seed({seed}) with the same actions differ at {diff}; seed() must make "
+            f"the next reset (and everything after it) reproducible"
+        )
+    if not deterministic:
+        _check_seed_matters(env, env_info, n_steps, seed, first)
+    env.close()
+    try:
+        env.close()
+    except Exception as e:  # noqa: BLE001 - any exception here is the finding
+        raise EnvCheckError(f"close: a second env.close() raised {type(e).__name__}: {e}; it must be a no-op") from e
+
+
+def _check_env_info(env_info: Any) -> None:
+    if not isinstance(env_info, BaseEnvInfo):
+        raise EnvCheckError(f"info(): must return a BaseEnvInfo, got {type(env_info).__name__}")
+    for name in ("obs_space", "act_space"):
+        space = getattr(env_info, name)
+        if not isinstance(space, gym.Space):
+            raise EnvCheckError(f"info().{name} must be a gymnasium.Space, got {type(space).__name__}")
+    if env_info.rew_space is not None and not isinstance(env_info.rew_space, gym.Space):
+        raise EnvCheckError(f"info().rew_space must be None or a gymnasium.Space, got {env_info.rew_space!r}")
+    if not isinstance(env_info.agent_num, int) or env_info.agent_num < 1:
+        raise EnvCheckError(f"info().agent_num must be an int >= 1, got {env_info.agent_num!r}")
+    steps = env_info.max_episode_steps
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise EnvCheckError(f"info().max_episode_steps must be None or an int >= 1, got {steps!r}")
+
+
+def _run_gymnasium_checker(gym_env: gym.Env) -> None:
+    from gymnasium.utils.env_checker import check_env as gym_check_env
+
+    with warnings.catch_warnings():
+        # nervex envs wrap their gym env on purpose: the wrapped stack is what must follow the API
+        warnings.filterwarnings("ignore", message=".*is different from the unwrapped version.*")
+        try:
+            gym_check_env(gym_env, skip_render_check=True, skip_close_check=True)
+        except Exception as e:  # noqa: BLE001 - Gymnasium raises assorted types; all mean the same here
+            name = gym_env.spec.id if gym_env.spec is not None else type(gym_env).__name__
+            raise EnvCheckError(
+                f"gymnasium check_env failed on the gym env inside ({name}): {type(e).__name__}: {e}"
+            ) from e
+
+
+def _contains(space: gym.Space, obs: Any) -> bool:
+    try:
+        return bool(space.contains(obs))
+    except Exception:  # noqa: BLE001 - a malformed obs can make contains() raise instead of return False
+        return False
+
+
+def _describe(obs: Any) -> str:
+    if isinstance(obs, np.ndarray):
+        desc = f"ndarray(shape={obs.shape}, dtype={obs.dtype}"
+        return desc + (f", min={obs.min()}, max={obs.max()})" if obs.size and obs.dtype.kind in "biuf" else ")")
+    kind = type(obs)
+    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+    return f"{name} {obs!r}"[:200]
+
+
+def _check_obs(space: gym.Space, obs: Any, where: str) -> None:
+    if not _contains(space, obs):
+        raise EnvCheckError(f"{where}: observation {_describe(obs)} is not inside info().obs_space {space}")
+
+
+def _check_timestep(timestep: Any, env_info: BaseEnvInfo, where: str) -> None:
+    if not isinstance(timestep, BaseEnvTimestep):
+        raise EnvCheckError(f"{where}: step() must return a BaseEnvTimestep, got {type(timestep).__name__}")
+    obs, reward, done, info = timestep
+    _check_obs(env_info.obs_space, obs, where)
+    if not isinstance(reward, float):
+        raise EnvCheckError(f"{where}: reward must be a Python float, got {_describe(reward)}; return float(reward)")
+    if not math.isfinite(reward):
+        raise EnvCheckError(f"{where}: reward must be finite, got {reward}")
+    rew_space = env_info.rew_space
+    if isinstance(rew_space, gym.spaces.Box) and not rew_space.low.min() <= reward <= rew_space.high.max():
+        raise EnvCheckError(f"{where}: reward {reward} is outside info().rew_space {rew_space}")
+    if not isinstance(done, bool):
+        raise EnvCheckError(f"{where}: done must be a bool, got {_describe(done)}")
+    if not isinstance(info, dict):
+        raise EnvCheckError(f"{where}: info must be a dict, got {type(info).__name__}")
+    for key in ("terminated", "truncated"):
+        if not isinstance(info.get(key), bool):
+            raise EnvCheckError(f"{where}: info['{key}'] must be a bool, got {_describe(info.get(key))}")
+    if done != (info["terminated"] or info["truncated"]):
+        raise EnvCheckError(
+            f"{where}: done={done} but terminated={info['terminated']}, truncated={info['truncated']}; "
+            f"done must equal terminated or truncated"
+        )
+
+
+def _check_episode_end(info: Dict[str, Any], ret: float, length: int, env_info: BaseEnvInfo, where: str) -> bool:
+    """Check a done step's episode figures; return whether it closed a reported episode."""
+    if "episode_return" not in info:
+        if info.get("game_over") is False:
+            return False  # a learning episode inside a game (episodic life): the game's figures come at its end
+        raise EnvCheckError(
+            f"{where}: done but info has no 'episode_return' (keys: {sorted(info)}); a done step must report "
+            f"episode_return and episode_len (or say info['game_over'] = False if the real episode goes on)"
+        )
+    episode_return, episode_len = info["episode_return"], info.get("episode_len")
+    if isinstance(episode_return, bool) or not isinstance(episode_return, (float, int, np.floating, np.integer)):
+        raise EnvCheckError(f"{where}: info['episode_return'] must be a float, got {_describe(episode_return)}")
+    if not math.isclose(float(episode_return), ret, rel_tol=1e-5, abs_tol=1e-5):
+        raise EnvCheckError(
+            f"{where}: info['episode_return'] = {float(episode_return)} but the episode's rewards sum to {ret} "
+            f"(info['raw_reward'] where given, else reward)"
+        )
+    if isinstance(episode_len, bool) or not isinstance(episode_len, (int, np.integer)):
+        raise EnvCheckError(f"{where}: info['episode_len'] must be an int, got {_describe(episode_len)}")
+    if episode_len != length:
+        raise EnvCheckError(f"{where}: info['episode_len'] = {episode_len} but the episode took {length} steps")
+    return True
+
+
+def _rollout(env: BaseEnv, env_info: BaseEnvInfo, n_steps: int, env_seed: int, action_seed: int) -> List[Any]:
+    """Play ``n_steps`` random actions, checking every step; return the trace (observations, rewards, dones)."""
+    sampler = copy.deepcopy(env_info.act_space)
+    sampler.seed(action_seed)
+    env.seed(env_seed)
+    obs = env.reset()
+    _check_obs(env_info.obs_space, obs, f"seed {env_seed}, reset")
+    trace: List[Any] = [obs]
+    ret, length = 0.0, 0
+    for t in range(n_steps):
+        where = f"seed {env_seed}, step {t}"
+        timestep = env.step(sampler.sample())
+        _check_timestep(timestep, env_info, where)
+        trace.append((timestep.obs, timestep.reward, timestep.done))
+        ret += float(timestep.info.get("raw_reward", timestep.reward))
+        length += 1
+        if not timestep.done:
+            continue
+        if _check_episode_end(timestep.info, ret, length, env_info, where):
+            ret, length = 0.0, 0
+        obs = env.reset()
+        _check_obs(env_info.obs_space, obs, f"{where}, reset after done")
+        trace.append(obs)
+    return trace
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    try:
+        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    except Exception:  # noqa: BLE001 - values that are not array-like compare as objects
+        return a == b
+
+
+def _first_difference(first: List[Any], second: List[Any]) -> Optional[str]:
+    for i, (a, b) in enumerate(zip(first, second)):
+        if not _equal(a, b):
+            kind = "the first reset" if i == 0 else f"trace entry {i} (a reset's obs or a step's (obs, reward, done))"
+            return kind
+    if len(first) != len(second):
+        return f"the number of resets ({len(first)} vs {len(second)} trace entries)"
+    return None
+
+
+def _check_seed_matters(env: BaseEnv, env_info: BaseEnvInfo, n_steps: int, seed: int, first: List[Any]) -> None:
+    tried: Tuple[int, ...] = tuple(seed + k for k in range(1, SEED_PROBES + 1))
+    for other in tried:
+        # same actions, other env seed: any difference comes from the env's own randomness
+        if _first_difference(first, _rollout(env, env_info, n_steps, env_seed=other, action_seed=seed)) is not None:
+            return
+    raise EnvCheckError(
+        f"seeding: rollouts with seeds {seed} and {list(tried)} (same actions) are identical; seed() seems to have "
+        f"no effect. If the env has no randomness by design, call check_env(..., deterministic=True)"
+    )

@@ -1,0 +1,202 @@
+"""The child side of ``SubprocessEnvManager``: one process hosts several envs and answers one message per command.
+
+Protocol (parent -> child, each a ``(command, argument)`` tuple; the child answers each with one message):
+
+- ``('step', (actions, no_reset))``: ``actions`` is ``{env_id: action}``; a ``done`` env is reset at once unless
+  its id is in ``no_reset`` (its last episode). Answer ``('step', results, failures)``.
+- ``('reset', {env_id: seed_or_None})``: reset (building the env first if needed). Answer ``('reset', ...)``.
+- ``('restart', {env_id: seed_or_None})``: close the env, build a new one with ``env_fn``, seed, reset.
+- ``('close', None)``: close every env and exit.
+
+``results`` lists ``(env_id, status, reward, info, obs, final_obs)`` (see the ``STEP``... constants); with shared
+memory, ``obs`` and ``reward`` are ``None`` and live in the shared arrays at row ``env_id``. ``failures`` lists
+``(env_id, phase, error, traceback_text)``; a failed env is left for the parent to restart.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import select
+import signal
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from nervex.envs.base_env import EnvResetRequest
+
+# result statuses of a 'step'
+STEP = 0  # not done; obs is the step's observation
+DONE = 1  # done and not reset (last episode, or the reset failed: see failures); obs is the final observation
+DONE_RESET = 2  # done and reset; final_obs is the final observation, obs the next episode's first
+RESET_REQUEST = 3  # the env raised EnvResetRequest and was reset; obs is the new first observation; info the reason
+
+PARENT_CHECK_S = 1.0  # how often an idle child checks that its parent is still alive
+Failure = Tuple[int, str, str, str]
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+class EnvHost:
+    """The envs of one worker process, and how commands act on them."""
+
+    def __init__(
+        self,
+        env_fn: Callable[[Any], Any],
+        env_cfgs: Dict[int, Any],
+        obs_buf: Optional[np.ndarray],
+        rew_buf: Optional[np.ndarray],
+    ) -> None:
+        self._env_fn = env_fn
+        self._cfgs = env_cfgs
+        self._envs: Dict[int, Any] = {}
+        self._obs = obs_buf
+        self._rew = rew_buf
+
+    def _put_obs(self, env_id: int, obs: Any) -> Any:
+        """Write ``obs`` to the shared row of ``env_id`` and return None, or return it to be pickled."""
+        if self._obs is None:
+            return obs
+        row = self._obs[env_id]
+        if np.shape(obs) != row.shape:
+            raise ValueError(
+                f"observation of shape {np.shape(obs)} does not fit the shared-memory slot {row.shape} sized from "
+                f"env_info().obs_space; return observations of the declared shape or use shared_memory=False"
+            )
+        row[...] = obs
+        return None
+
+    def step(self, actions: Dict[int, Any], no_reset: Sequence[int]) -> Tuple[str, List[Any], List[Failure]]:
+        results: List[Any] = []
+        failures: List[Failure] = []
+        rew = self._rew
+        for env_id, action in actions.items():
+            env = self._envs[env_id]
+            try:
+                obs, reward, done, info = env.step(action)
+            except EnvResetRequest as e:
+                self._reset_one(env_id, None, results, failures, RESET_REQUEST, _describe(e))
+                continue
+            except Exception as e:  # noqa: BLE001 - user env code; the parent's retry policy decides
+                failures.append((env_id, "step", _describe(e), traceback.format_exc()))
+                continue
+            if rew is not None:
+                rew[env_id] = reward
+                reward = None
+            if done and env_id not in no_reset:
+                try:
+                    first = env.reset()
+                    results.append((env_id, DONE_RESET, reward, info, self._put_obs(env_id, first), obs))
+                except Exception as e:  # noqa: BLE001
+                    results.append((env_id, DONE, reward, info, None, obs))
+                    failures.append((env_id, "reset", _describe(e), traceback.format_exc()))
+                continue
+            try:
+                results.append((env_id, DONE if done else STEP, reward, info, self._put_obs(env_id, obs), None))
+            except Exception as e:  # noqa: BLE001 - an observation that does not fit the shared slot
+                failures.append((env_id, "step", _describe(e), traceback.format_exc()))
+        return "step", results, failures
+
+    def _reset_one(
+        self, env_id: int, seed: Optional[int], results: List[Any], failures: List[Failure], status: int, info: Any
+    ) -> None:
+        try:
+            env = self._envs.get(env_id)
+            if env is None:
+                env = self._envs[env_id] = self._env_fn(self._cfgs[env_id])
+            if seed is not None:
+                env.seed(seed)
+            results.append((env_id, status, None, info, self._put_obs(env_id, env.reset()), None))
+        except Exception as e:  # noqa: BLE001
+            failures.append((env_id, "reset", _describe(e), traceback.format_exc()))
+
+    def reset(self, seeds: Dict[int, Optional[int]], rebuild: bool) -> Tuple[str, List[Any], List[Failure]]:
+        results: List[Any] = []
+        failures: List[Failure] = []
+        for env_id, seed in seeds.items():
+            if rebuild:
+                self.close_env(env_id)
+            self._reset_one(env_id, seed, results, failures, STEP, None)
+        return ("restart" if rebuild else "reset"), results, failures
+
+    def close_env(self, env_id: int) -> None:
+        env = self._envs.pop(env_id, None)
+        if env is not None:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - a broken env may fail to close; it is replaced anyway
+                pass
+
+    def close(self) -> None:
+        for env_id in list(self._envs):
+            self.close_env(env_id)
+
+
+def _arrays(shm: Optional[Tuple[Any, Any, str, Tuple[int, ...]]]) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    if shm is None:
+        return None, None
+    obs_raw, rew_raw, dtype, shape = shm
+    return np.frombuffer(obs_raw, dtype=dtype).reshape(shape), np.frombuffer(rew_raw, dtype=np.float64)
+
+
+def _setup_child(parent_conn: Any, fault_path: Optional[str]) -> Any:
+    # Ctrl-C reaches the whole process group: the parent handles it and closes us in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_conn is not None:
+        parent_conn.close()  # forked children inherit the parent's end; keeping it would hide the parent's death
+    if fault_path is None:
+        return None
+    fault_file = open(fault_path, "w")  # noqa: SIM115 - lives as long as the process
+    faulthandler.enable(file=fault_file, all_threads=True)  # SIGSEGV & co. leave the Python traceback here
+    if hasattr(faulthandler, "register") and hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)  # the parent asks on a timeout
+    return fault_file
+
+
+def worker_main(
+    conn: Any,
+    parent_conn: Any,
+    env_fn: Callable[[Any], Any],
+    env_cfgs: Dict[int, Any],
+    shm: Optional[Tuple[Any, Any, str, Tuple[int, ...]]],
+    parent_pid: int,
+    fault_path: Optional[str],
+) -> None:
+    """Entry point of a worker process: serve commands until ``close``, a closed pipe or the parent's death."""
+    fault_file = _setup_child(parent_conn, fault_path)
+    obs_buf, rew_buf = _arrays(shm)
+    host = EnvHost(env_fn, env_cfgs, obs_buf, rew_buf)
+    poller = select.poll()  # one poller for the process: conn.poll() would build a selector per message
+    poller.register(conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+    try:
+        while True:
+            try:
+                if not poller.poll(PARENT_CHECK_S * 1000):
+                    if os.getppid() != parent_pid:
+                        return  # orphaned: the parent died without closing us
+                    continue
+                command, arg = conn.recv()
+            except (EOFError, OSError):
+                return
+            if command == "step":
+                reply = host.step(*arg)
+            elif command in ("reset", "restart"):
+                reply = host.reset(arg, rebuild=command == "restart")
+            elif command == "close":
+                return
+            else:
+                reply = ("fatal", f"unknown command {command!r}", [])
+            try:
+                conn.send(reply)
+            except (BrokenPipeError, EOFError, OSError):
+                return
+            except Exception as e:  # noqa: BLE001 - e.g. an info dict that cannot be pickled
+                conn.send(("fatal", f"could not send the reply to '{command}': {_describe(e)}", []))
+    finally:
+        host.close()
+        if fault_file is not None:
+            faulthandler.disable()
+            fault_file.close()
