@@ -163,6 +163,7 @@ class SerialTrainer:
         self._start_time = time.time()
         self._start_env_step = self.actor.env_step
         self._last_log_step = self.actor.env_step
+        self._logged_restarts = 0
 
     @staticmethod
     def _make_data_writer(path: str) -> Optional[Any]:
@@ -258,6 +259,13 @@ class SerialTrainer:
             self.stopped, self.stop_reason = True, f"max_train_iter {self.cfg.max_train_iter} reached"
 
     def _log(self, result: Dict[str, Any]) -> None:
+        restarts = int(result.get("env/restarts", 0))
+        if restarts > self._logged_restarts:
+            self.logger.warning(
+                f"[actor] env restarts: {restarts} (dropped episodes: {int(result.get('env/dropped_episodes', 0))}, "
+                f"timeouts: {int(result.get('env/timeouts', 0))}, crashes: {int(result.get('env/crashes', 0))})"
+            )
+            self._logged_restarts = restarts
         elapsed = max(1e-9, time.time() - self._start_time)
         result["time/fps"] = (self.env_step - self._start_env_step) / elapsed
         result["time/time_elapsed"] = elapsed

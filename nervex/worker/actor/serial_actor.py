@@ -47,6 +47,7 @@ class SerialActor:
         self._traj_len = max(1, int(collect_mode.traj_len))
         self._traj_cache: Dict[int, Deque[Dict[str, Any]]] = defaultdict(deque)
         self._episode_buffer: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
+        self._pending: Dict[int, Any] = {}
         self.env_step = 0
         self.episode_count = 0
         self.abnormal_episodes = 0
@@ -65,6 +66,7 @@ class SerialActor:
         self._env.reset()
         self._traj_cache.clear()
         self._episode_buffer.clear()
+        self._pending.clear()
         self._policy.reset()
         self._started = True
         for env_id in self._env.ready_obs:
@@ -91,10 +93,13 @@ class SerialActor:
             obs = self._env.ready_obs
             data_id = list(obs.keys())
             output = self._policy.forward(data_id, obs, **setting)
-            actions = {env_id: output[env_id]["action"] for env_id in data_id}
-            timesteps = self._env.step(actions)
+            for env_id in data_id:
+                # in async mode a timestep may answer an action sent in an earlier call: remember what it saw
+                self._pending[env_id] = (obs[env_id], output[env_id])
+            timesteps = self._env.step({env_id: output[env_id]["action"] for env_id in data_id})
             for env_id, timestep in timesteps.items():
-                self._handle_timestep(env_id, obs[env_id], output[env_id], timestep, samples)
+                env_obs, env_output = self._pending.pop(env_id)
+                self._handle_timestep(env_id, env_obs, env_output, timestep, samples)
         self.collect_time += time.perf_counter() - start
         return samples
 
@@ -144,6 +149,9 @@ class SerialActor:
             out["rollout/ep_len_mean"] = float(np.mean(self.episode_lens))
         if self.abnormal_episodes:
             out["rollout/abnormal_episodes"] = float(self.abnormal_episodes)
+        # the env manager's failure counters (restarts, timeouts, crashes...), as env/<name>
+        for key, value in (getattr(self._env, "stats", None) or {}).items():
+            out[f"env/{key}"] = float(value)
         return out
 
     def close(self) -> None:
