@@ -93,13 +93,25 @@ class Nervex:
     def add_one(self, data: Dict[str, np.ndarray]) -> Callable[[], Callable[[], None]]:
         def make_step():
             buf, i = self.make(ADD_CAPACITY), [0]
-            obs, act, rew, nobs, term, trunc = (data[k] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated"))
+            obs, act, rew, nobs, term, trunc = (
+                data[k] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+            )
 
             def step():
                 j = i[0] = (i[0] + 1) % len(obs)
-                buf.append(dict(obs=obs[j], action=int(act[j]), reward=float(rew[j]), next_obs=nobs[j],
-                                terminated=bool(term[j]), truncated=bool(trunc[j])))
+                buf.append(
+                    dict(
+                        obs=obs[j],
+                        action=int(act[j]),
+                        reward=float(rew[j]),
+                        next_obs=nobs[j],
+                        terminated=bool(term[j]),
+                        truncated=bool(trunc[j]),
+                    )
+                )
+
             return step
+
         return make_step
 
     def add_batch(self, data: Dict[str, np.ndarray], k: int) -> Callable[[], Callable[[], None]]:
@@ -109,7 +121,9 @@ class Nervex:
             def step():
                 j = i[0] = (i[0] + 1) % n
                 buf.extend_batch({key: v[j * k : (j + 1) * k] for key, v in data.items()})
+
             return step
+
         return make_step
 
     def filled(self, data: Dict[str, np.ndarray]):
@@ -126,7 +140,9 @@ class Nervex:
                 if self.prioritized:
                     i[0] += 1
                     buf.update(prios[i[0] % len(prios)])
+
             return step
+
         return make_step
 
 
@@ -143,10 +159,19 @@ class Tianshou:
 
             def step():
                 j = i[0] = (i[0] + 1) % len(data["obs"])
-                buf.add(self.Batch(obs=data["obs"][j], act=data["action"][j], rew=data["reward"][j],
-                                   terminated=data["terminated"][j], truncated=data["truncated"][j],
-                                   obs_next=data["next_obs"][j]))
+                buf.add(
+                    self.Batch(
+                        obs=data["obs"][j],
+                        act=data["action"][j],
+                        rew=data["reward"][j],
+                        terminated=data["terminated"][j],
+                        truncated=data["truncated"][j],
+                        obs_next=data["next_obs"][j],
+                    )
+                )
+
             return step
+
         return make_step
 
     def add_batch(self, data, k):
@@ -157,19 +182,37 @@ class Tianshou:
             def step():
                 j = i[0] = (i[0] + 1) % n
                 s = slice(j * k, (j + 1) * k)
-                buf.add(self.Batch(obs=data["obs"][s], act=data["action"][s], rew=data["reward"][s],
-                                   terminated=data["terminated"][s], truncated=data["truncated"][s],
-                                   obs_next=data["next_obs"][s]), buffer_ids=ids)
+                buf.add(
+                    self.Batch(
+                        obs=data["obs"][s],
+                        act=data["action"][s],
+                        rew=data["reward"][s],
+                        terminated=data["terminated"][s],
+                        truncated=data["truncated"][s],
+                        obs_next=data["next_obs"][s],
+                    ),
+                    buffer_ids=ids,
+                )
+
             return step
+
         return make_step
 
     def filled(self, data):
         n = len(data["obs"])
         buf = self.PER(n, alpha=0.6, beta=0.4)
         # adding 1M transitions one by one takes ~1 minute; set the storage directly, then what add() would set
-        buf.set_batch(self.Batch(obs=data["obs"], act=data["action"], rew=data["reward"],
-                                 terminated=data["terminated"], truncated=data["truncated"],
-                                 done=data["terminated"] | data["truncated"], obs_next=data["next_obs"]))
+        buf.set_batch(
+            self.Batch(
+                obs=data["obs"],
+                act=data["action"],
+                rew=data["reward"],
+                terminated=data["terminated"],
+                truncated=data["truncated"],
+                done=data["terminated"] | data["truncated"],
+                obs_next=data["next_obs"],
+            )
+        )
         buf._size, buf._insertion_idx = n, 0
         buf.init_weight(np.arange(n))
         return buf
@@ -183,7 +226,9 @@ class Tianshou:
                 b.to_torch_()
                 i[0] += 1
                 buf.update_weight(idx, prios[i[0] % len(prios)])
+
             return step
+
         return make_step
 
 
@@ -206,9 +251,17 @@ class SB3:
             def step():
                 j = i[0] = (i[0] + 1) % len(data["obs"])
                 s = slice(j, j + 1)
-                buf.add(data["obs"][s], data["next_obs"][s], data["action"][s], data["reward"][s],
-                        data["terminated"][s] | data["truncated"][s], info)
+                buf.add(
+                    data["obs"][s],
+                    data["next_obs"][s],
+                    data["action"][s],
+                    data["reward"][s],
+                    data["terminated"][s] | data["truncated"][s],
+                    info,
+                )
+
             return step
+
         return make_step
 
     def add_batch(self, data, k):
@@ -218,9 +271,17 @@ class SB3:
             def step():
                 j = i[0] = (i[0] + 1) % n
                 s = slice(j * k, (j + 1) * k)
-                buf.add(data["obs"][s], data["next_obs"][s], data["action"][s], data["reward"][s],
-                        data["terminated"][s] | data["truncated"][s], infos)
+                buf.add(
+                    data["obs"][s],
+                    data["next_obs"][s],
+                    data["action"][s],
+                    data["reward"][s],
+                    data["terminated"][s] | data["truncated"][s],
+                    infos,
+                )
+
             return step
+
         return make_step
 
     def filled(self, data):
@@ -235,7 +296,7 @@ class SB3:
         return buf
 
     def sample_update(self, buf, batch, prios):
-        return lambda: (lambda: buf.sample(batch))
+        return lambda: lambda: buf.sample(batch)
 
 
 def load_libraries() -> Dict[str, object]:
@@ -260,13 +321,15 @@ def load_libraries() -> Dict[str, object]:
 def speed(libs: Dict[str, object], sizes: List[int], batches: List[int], repeats: int, min_time: float) -> List[dict]:
     rows = []
     add_data = transitions(20_000, seed=1)
-    for label, fn in (("add 1 at a time (trans/s)", lambda lib: lib.add_one(add_data)),
-                      ("add batches of 8 (trans/s)", lambda lib: lib.add_batch(add_data, 8))):
+    for label, fn in (
+        ("add 1 at a time (trans/s)", lambda lib: lib.add_one(add_data)),
+        ("add batches of 8 (trans/s)", lambda lib: lib.add_batch(add_data, 8)),
+    ):
         items = 8 if "batches" in label else 1
         row = {"what": label}
         for name, lib in libs.items():
-            if name == "nervex PER (numpy)":
-                continue  # adding does not touch the tree backend
+            if name == "nervex PER (numpy)" and "nervex PER (numba)" in libs:
+                continue  # adding does not depend on the tree backend
             row[name] = median_rate(fn(lib), items, repeats, min_time)
             print(f"  {label:30s} {name:22s} {row[name]:12,.0f}", flush=True)
         rows.append(row)
@@ -294,8 +357,9 @@ def make_frames(n: int, path: str) -> str:
         import gymnasium as gym
 
         gym.register_envs(ale_py)
-        env = gym.wrappers.AtariPreprocessing(gym.make("ALE/Breakout-v5", frameskip=1, repeat_action_probability=0.0),
-                                              frame_skip=4, screen_size=84)
+        env = gym.wrappers.AtariPreprocessing(
+            gym.make("ALE/Breakout-v5", frameskip=1, repeat_action_probability=0.0), frame_skip=4, screen_size=84
+        )
         obs, _ = env.reset(seed=0)
         rng = np.random.default_rng(0)
         for t in range(n + 4):
@@ -345,19 +409,34 @@ def memory_worker(variant: str, frames_path: str, n: int) -> None:
         from stable_baselines3.common.buffers import ReplayBuffer as SB3Buffer
 
         space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-        sb = SB3Buffer(n, space, gym.spaces.Discrete(4), device="cpu", optimize_memory_usage=True,
-                       handle_timeout_termination=False)
+        sb = SB3Buffer(
+            n, space, gym.spaces.Discrete(4), device="cpu", optimize_memory_usage=True, handle_timeout_termination=False
+        )
 
         def add(b):
             for i in range(len(b["obs"])):
-                sb.add(b["obs"][i : i + 1], b["next_obs"][i : i + 1], b["action"][i : i + 1], b["reward"][i : i + 1],
-                       b["terminated"][i : i + 1], [{}])
+                sb.add(
+                    b["obs"][i : i + 1],
+                    b["next_obs"][i : i + 1],
+                    b["action"][i : i + 1],
+                    b["reward"][i : i + 1],
+                    b["terminated"][i : i + 1],
+                    [{}],
+                )
+
     start = time.perf_counter()
     for s in range(0, n, chunk):
         k = min(chunk, n - s)
         stack = np.lib.stride_tricks.sliding_window_view(frames[s : s + k + 4], 4, axis=0).transpose(0, 3, 1, 2)
-        add(dict(obs=np.ascontiguousarray(stack[:k]), next_obs=np.ascontiguousarray(stack[1 : k + 1]),
-                 action=np.zeros(k, np.int64), reward=np.zeros(k, np.float32), terminated=np.zeros(k, bool)))
+        add(
+            dict(
+                obs=np.ascontiguousarray(stack[:k]),
+                next_obs=np.ascontiguousarray(stack[1 : k + 1]),
+                action=np.zeros(k, np.int64),
+                reward=np.zeros(k, np.float32),
+                terminated=np.zeros(k, bool),
+            )
+        )
     fill_s = time.perf_counter() - start
     sample = (lambda: buf.sample(32)) if variant.startswith("nervex") else (lambda: sb.sample(32))
     start = time.perf_counter()
@@ -375,15 +454,21 @@ def memory(frames: int, variants: List[str]) -> List[dict]:
         source = make_frames(frames, path)
         print(f"  frames: {frames:,} transitions, {source}")
         for variant in variants:
-            out = subprocess.run([sys.executable, __file__, "--memory-worker", variant, "--frames-file", path,
-                                  "--frames", str(frames)], capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--memory-worker", variant, "--frames-file", path, "--frames", str(frames)],
+                capture_output=True,
+                text=True,
+            )
             if out.returncode != 0:
                 print(f"[bench] memory {variant} failed: {out.stderr.strip().splitlines()[-1:]}")
                 continue
             res = json.loads(out.stdout.strip().splitlines()[-1])
             res.update(variant=variant, per_1m_gb=res["peak_mb"] / frames * 1e6 / 1024)
-            print(f"  {variant:12s} peak +{res['peak_mb']:8.1f} MB  (1M: ~{res['per_1m_gb']:6.1f} GB)  "
-                  f"fill {res['fill_s']:.1f}s  sample(32) {res['sample_ms']:.2f} ms", flush=True)
+            print(
+                f"  {variant:12s} peak +{res['peak_mb']:8.1f} MB  (1M: ~{res['per_1m_gb']:6.1f} GB)  "
+                f"fill {res['fill_s']:.1f}s  sample(32) {res['sample_ms']:.2f} ms",
+                flush=True,
+            )
             rows.append(res)
     return rows
 
@@ -416,12 +501,19 @@ def main() -> None:
     if args.memory_worker:
         memory_worker(args.memory_worker, args.frames_file, args.frames)
         return
-    print(f"[bench] replay buffers; machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} "
-          "(figures are only comparable within one run)")
+    print(
+        f"[bench] replay buffers; machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} "
+        "(figures are only comparable within one run)"
+    )
     libs = load_libraries()
     start = time.perf_counter()
-    rows = speed(libs, [int(s) for s in args.sizes.split(",")], [int(b) for b in args.batches.split(",")],
-                 args.repeats, args.min_time)
+    rows = speed(
+        libs,
+        [int(s) for s in args.sizes.split(",")],
+        [int(b) for b in args.batches.split(",")],
+        args.repeats,
+        args.min_time,
+    )
     print_table(rows, list(libs))
     if args.frames > 0:
         print("\nAtari memory (4x84x84 uint8 obs + next_obs per transition; peak RSS growth in a fresh process):")
@@ -430,8 +522,10 @@ def main() -> None:
         raw = next((r for r in res if r["variant"] == "nervex raw"), None)
         lz4 = next((r for r in res if r["variant"] == "nervex lz4"), None)
         if raw and lz4:
-            print(f"  lz4 saves {1 - lz4['peak_mb'] / raw['peak_mb']:.0%} of the memory "
-                  f"({raw['peak_mb'] / max(lz4['peak_mb'], 1e-9):.1f}x smaller)")
+            print(
+                f"  lz4 saves {1 - lz4['peak_mb'] / raw['peak_mb']:.0%} of the memory "
+                f"({raw['peak_mb'] / max(lz4['peak_mb'], 1e-9):.1f}x smaller)"
+            )
     print(f"\n[bench] done in {time.perf_counter() - start:.0f}s; load average now {os.getloadavg()[0]:.2f}")
 
 

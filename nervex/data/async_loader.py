@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import torch
 
-from .buffer import BaseBuffer
+from .replay_core import BaseBuffer
 
 Source = Union[BaseBuffer, Iterable[Any], Callable[[], Any]]
 
@@ -71,7 +71,7 @@ class AsyncDataLoader:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
         self._buffer = source if isinstance(source, BaseBuffer) else None
         produce = _producer(source, batch_size, learner_iter_fn, poll_interval)
-        self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._poll = poll_interval
         self._finished = False
@@ -123,14 +123,16 @@ class AsyncDataLoader:
                 break
         self._thread.join(timeout)
         if self._thread.is_alive():
-            warnings.warn(f"AsyncDataLoader thread still running after {timeout}s: its source is blocking", stacklevel=2)
+            warnings.warn(
+                f"AsyncDataLoader thread still running after {timeout}s: its source is blocking", stacklevel=2
+            )
 
     @property
     def alive(self) -> bool:
         """Whether the background thread is running."""
         return self._thread.is_alive()
 
-    def __enter__(self) -> "AsyncDataLoader":
+    def __enter__(self) -> AsyncDataLoader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -156,7 +158,7 @@ def _producer(
 
 def _run(
     produce: Callable[[], Any],
-    out: "queue.Queue[Any]",
+    out: queue.Queue[Any],
     stop: threading.Event,
     max_batches: Optional[int],
     pin: bool,
@@ -182,7 +184,7 @@ def _run(
     _put(out, _End(), stop, poll)
 
 
-def _put(out: "queue.Queue[Any]", item: Any, stop: threading.Event, poll: float) -> bool:
+def _put(out: queue.Queue[Any], item: Any, stop: threading.Event, poll: float) -> bool:
     while not stop.is_set():
         try:
             out.put(item, timeout=poll)

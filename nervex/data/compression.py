@@ -24,7 +24,7 @@ def decompress_array(data: bytes, dtype: np.dtype, shape: Tuple[int, ...], out: 
         data: What ``compress_array`` returned.
         dtype: The array's dtype.
         shape: The array's shape.
-        out: Optional array of that shape and dtype to write into.
+        out: Optional array to write into (of that shape, or one that shape broadcasts to).
 
     Returns:
         The array (``out`` when given).
@@ -34,5 +34,5 @@ def decompress_array(data: bytes, dtype: np.dtype, shape: Tuple[int, ...], out: 
     array = np.frombuffer(raw, dtype=dtype).reshape(shape)
     if out is None:
         return array.copy()
-    out[...] = array
+    np.copyto(out, array)
     return out

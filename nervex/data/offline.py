@@ -119,7 +119,7 @@ class TrajectoryWriter:
             self.flush()
             self._closed = True
 
-    def __enter__(self) -> "TrajectoryWriter":
+    def __enter__(self) -> TrajectoryWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -200,7 +200,9 @@ class OfflineDataset(Dataset):
             if samples:
                 if not schema.ready:
                     schema.init_schema(samples[0])
-                parts.append([np.asarray(c, dtype=col.dtype) for c, col in zip(schema.convert_many(samples), schema.columns)])
+                parts.append(
+                    [np.asarray(c, dtype=col.dtype) for c, col in zip(schema.convert_many(samples), schema.columns)]
+                )
         if not parts:
             raise ValueError(f"traj_transform returned no sample for any trajectory in {self.path}")
         self._paths = [c.path for c in schema.columns]

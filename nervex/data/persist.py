@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict
 import numpy as np
 
 if TYPE_CHECKING:
-    from .buffer import BaseBuffer
+    from .replay_core import BaseBuffer
 
 FORMAT = "nervex.replay"
 FORMAT_VERSION = 1
@@ -35,7 +35,7 @@ _COUNTERS = (
 )
 
 
-def save_buffer(buffer: "BaseBuffer", path: str) -> None:
+def save_buffer(buffer: BaseBuffer, path: str) -> None:
     """Write ``buffer``'s contents to ``path`` atomically (a temporary file renamed into place)."""
     with buffer._cond:
         buffer._flush()
@@ -57,8 +57,8 @@ def save_buffer(buffer: "BaseBuffer", path: str) -> None:
             "use": buffer._use[:filled],
             "insert_iter": buffer._insert_iter[:filled],
         }
-        if buffer._priority is not None:
-            arrays["priority"] = buffer._priority[:filled]
+        if buffer._min_tree is not None:
+            arrays["priority"] = buffer._min_tree.leaves[:filled]
         if buffer._storage.ready:
             arrays.update(buffer._storage.state_arrays(filled))
         tmp = f"{path}.tmp{os.getpid()}"
@@ -67,7 +67,7 @@ def save_buffer(buffer: "BaseBuffer", path: str) -> None:
     os.replace(tmp, path)
 
 
-def load_buffer(buffer: "BaseBuffer", path: str) -> None:
+def load_buffer(buffer: BaseBuffer, path: str) -> None:
     """Replace ``buffer``'s contents with those saved at ``path``.
 
     Priorities are kept when both the saved and the loading buffer are prioritized; a uniform save loaded into a
@@ -107,24 +107,23 @@ def load_buffer(buffer: "BaseBuffer", path: str) -> None:
         _restore_priorities(buffer, arrays, filled, header["prioritized"])
 
 
-def _restore_priorities(buffer: "BaseBuffer", arrays: Dict[str, np.ndarray], filled: int, saved_prioritized: bool) -> None:
+def _restore_priorities(
+    buffer: BaseBuffer, arrays: Dict[str, np.ndarray], filled: int, saved_prioritized: bool
+) -> None:
     valid = buffer._uid[:filled] >= 0
-    if buffer._priority is not None:
+    if buffer._sum_tree is None:
+        return
+    if buffer.prioritized:
         if saved_prioritized:
-            buffer._priority[:filled] = arrays["priority"]
+            priority = np.where(valid, arrays["priority"], 1.0)
         else:
-            buffer._priority[:filled] = 1.0
-            buffer._max_priority = 1.0
-    if buffer._sum_tree is not None:
-        if buffer.prioritized:
-            leaf = np.where(valid, buffer._priority[:filled] ** buffer.alpha, 0.0)
-        else:
-            leaf = valid.astype(np.float64)
-        buffer._sum_tree.leaves[:filled] = leaf
-        buffer._sum_tree.rebuild()
-        if buffer._min_tree is not None:
-            buffer._min_tree.leaves[:filled] = np.where(valid, leaf, np.inf)
-            buffer._min_tree.rebuild()
+            priority, buffer._max_priority = np.ones(filled), 1.0
+        buffer._sum_tree.leaves[:filled] = np.where(valid, priority**buffer.alpha, 0.0)
+        buffer._min_tree.leaves[:filled] = np.where(valid, priority, np.inf)
+        buffer._min_tree.rebuild()
+    else:
+        buffer._sum_tree.leaves[:filled] = valid
+    buffer._sum_tree.rebuild()
 
 
 def _read_header(f: Any, path: str) -> Dict[str, Any]:

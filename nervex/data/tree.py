@@ -159,8 +159,8 @@ class SumTree(_LevelTree):
             return
         value = _as_values(value, index.size)
         if self._kernels is not None:
-            self._kernels.update(self._flat, self._level_offsets, self.depth, index, value)
-            self._after_update(index.size)
+            self._kernels.sum_update(self._flat, self._level_offsets, self.depth, index, value)
+            self.note_external_update(index.size)
             return
         if not unique:
             index, value = self.deduplicate(index, value)
@@ -173,9 +173,10 @@ class SumTree(_LevelTree):
             repeated = self._repeat[: self.depth * n]
             repeated.reshape(self.depth, n)[...] = delta
             np.add.at(self._flat, self._ancestors(index), repeated)
-        self._after_update(n)
+        self.note_external_update(n)
 
-    def _after_update(self, n: int) -> None:
+    def note_external_update(self, n: int) -> None:
+        """Account for ``n`` leaf updates that a compiled kernel applied directly to the levels."""
         self._prefix_valid = False
         self._updates_since_rebuild += n
         if self._updates_since_rebuild > self.capacity:
@@ -251,9 +252,13 @@ class MinTree(_LevelTree):
     next ``min()`` brings the pending part of the tree up to date (vectorized, one batch per level) and reads the top
     level. Ties (many leaves at the priority floor) therefore do not make every update recompute.
 
+    With the numba backend the tree is instead updated eagerly, leaf by leaf, stopping as soon as an ancestor is
+    unchanged; ``min()`` then reads the top level.
+
     Args:
         capacity: Number of leaves; rounded up to a power of two.
         top_size: Number of nodes of the top level, whose minimum ``min()`` computes directly.
+        backend: ``'numpy'``, ``'numba'`` or None for ``tree_kernels.default_backend()``.
 
     Examples:
         >>> tree = MinTree(4)
@@ -265,8 +270,12 @@ class MinTree(_LevelTree):
         2.0
     """
 
-    def __init__(self, capacity: int, top_size: int = DEFAULT_TOP_SIZE) -> None:
+    def __init__(self, capacity: int, top_size: int = DEFAULT_TOP_SIZE, backend: Optional[str] = None) -> None:
         super().__init__(capacity, top_size, np.inf)
+        self.backend = backend or default_backend()
+        if self.backend not in ("numpy", "numba"):
+            raise ValueError(f"MinTree backend must be 'numpy' or 'numba', got {self.backend!r}")
+        self._kernels = kernels() if self.backend == "numba" else None
         self.clear()
 
     def clear(self) -> None:
@@ -293,6 +302,10 @@ class MinTree(_LevelTree):
         if index.size == 0:
             return
         value = _as_values(value, index.size)
+        if self._kernels is not None:
+            self._kernels.min_update(self._flat, self._level_offsets, self.depth, index, value)
+            self.note_external_update()
+            return
         if not unique:
             index, value = self.deduplicate(index, value)
         old = self.leaves.take(index)
@@ -305,10 +318,47 @@ class MinTree(_LevelTree):
             raise ValueError(f"range [{start}, {stop}) is outside the tree's leaves [0, {self.capacity})")
         if start == stop:
             return
+        if self._kernels is not None:
+            values = np.broadcast_to(np.asarray(value, dtype=np.float64), (stop - start,)).copy()
+            self._kernels.min_update(self._flat, self._level_offsets, self.depth, np.arange(start, stop), values)
+            self.note_external_update()
+            return
         leaves = self.leaves[start:stop]
         old = leaves.copy()
         leaves[...] = value
         self._note_change(old, leaves, None, start, stop)
+
+    def refresh(self, start: int, stop: int, old_min: float = -np.inf) -> None:
+        """Recompute, exactly, the ancestors of ``leaves[start:stop]`` after writing those leaves directly.
+
+        Args:
+            start, stop: The range of leaves written.
+            old_min: The smallest value those leaves held before (the default assumes the worst).
+        """
+        if not 0 <= start <= stop <= self.capacity:
+            raise ValueError(f"refresh range [{start}, {stop}) is outside the tree's leaves [0, {self.capacity})")
+        if start == stop:
+            return
+        lo, hi = start, stop
+        for k in range(1, self.depth + 1):
+            lo, hi = lo >> 1, ((hi - 1) >> 1) + 1
+            child = self.levels[k - 1]
+            np.minimum(child[2 * lo : 2 * hi : 2], child[2 * lo + 1 : 2 * hi : 2], out=self.levels[k][lo:hi])
+        if self._kernels is not None:
+            self._stale = True  # reading the top level is cheap: nothing is pending with eager updates
+        elif not self._stale:  # the range is exact now; only the cached minimum needs care
+            new = self.leaves[start:stop]
+            new_min = new.min()
+            if new_min < self._min:
+                self._min, self._holders = new_min, int(np.count_nonzero(new == new_min))
+            elif old_min <= self._min:
+                self._stale = True  # an overwritten leaf may have held the minimum
+            elif new_min == self._min:
+                self._holders += int(np.count_nonzero(new == new_min))
+
+    def note_external_update(self) -> None:
+        """Mark the cached minimum stale after a compiled kernel updated the tree eagerly (numba backend)."""
+        self._stale = True
 
     def min(self) -> float:
         """Minimum over all leaves (``inf`` when every leaf is empty)."""

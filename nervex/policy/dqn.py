@@ -80,12 +80,16 @@ class DQNPolicy(CommonPolicy):
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
         data = self._to_learn_device(data)
-        q = self._learn_agent.forward(data["obs"])["logit"]
+        batch_size = data["obs"].shape[0]
+        if self._double:
+            # one online pass over obs and next_obs together; the next_obs half only picks actions (no gradient)
+            logit = self._learn_agent.forward(torch.cat([data["obs"], data["next_obs"]]))["logit"]
+            q, next_action = logit[:batch_size], logit[batch_size:].detach().argmax(dim=-1)
+        else:
+            q = self._learn_agent.forward(data["obs"])["logit"]
         with torch.no_grad():
             target_q = self._learn_agent.target_forward(data["next_obs"])["logit"]
-            if self._double:
-                next_action = self._learn_agent.forward(data["next_obs"])["logit"].argmax(dim=-1)
-            else:
+            if not self._double:
                 next_action = target_q.argmax(dim=-1)
         reward = data["reward"].float()
         reward = reward.t() if reward.dim() == 2 else reward.unsqueeze(0)  # (B, nstep) -> (nstep, B)
