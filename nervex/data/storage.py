@@ -84,16 +84,21 @@ def get_path(sample: Mapping[str, Any], path: Path) -> Any:
     return sample
 
 
-def _pack_views(
+def _pack_records(
     specs: Sequence[Tuple[np.dtype, Tuple[int, ...]]], compressed: Sequence[bool], maxlen: int
-) -> List[Optional[np.ndarray]]:
-    """Strided views of one row-major block for the small uncompressed columns; None for every other column.
+) -> Tuple[List[Optional[np.ndarray]], Optional[np.ndarray]]:
+    """One row-major block for the small uncompressed columns: a strided view per packed column, and the block.
 
     Fields are laid out largest alignment first, so every field sits at an offset that is a multiple of its item
-    size, and the record is padded to the largest item size: each view is aligned and converts to a torch tensor.
+    size, and the record is padded to the largest item size (to a power of two up to ``PACK_ROW_BYTES``): each view is
+    aligned and converts to a torch tensor.
+
+    Returns:
+        A view per column (None for a column stored on its own) and the block as a 1-D structured array whose field
+        ``f{i}`` is column ``i`` (None when fewer than two columns are packed).
 
     Shapes:
-        returns, for a packed column of row shape ``s``: ``(maxlen, *s)``.
+        a packed column of row shape ``s``: ``(maxlen, *s)``; the block: ``(maxlen,)``.
     """
     views: List[Optional[np.ndarray]] = [None] * len(specs)
     small = [
@@ -110,16 +115,31 @@ def _pack_views(
             break
         offsets[i], record = record, record + nbytes
     if len(offsets) < 2:
-        return views  # a single column is already row-major on its own
+        return views, None  # a single column is already row-major on its own
     align = max(specs[i][0].alignment for i in offsets)
-    record = -(-record // align) * align
-    # np.zeros maps untouched pages lazily, as for a column of its own
-    block = np.zeros((maxlen, record), dtype=np.uint8)
-    for i, offset in offsets.items():
-        dtype, shape = specs[i]
-        inner = np.zeros((0, *shape), dtype=dtype).strides[1:]  # C-order strides within one row
-        views[i] = np.ndarray((maxlen, *shape), dtype=dtype, buffer=block, offset=offset, strides=(record, *inner))
-    return views
+    if record <= PACK_ROW_BYTES:
+        # a power of two divides the cache line, so no record straddles two lines (the block is line-aligned)
+        record = max(align, 1 << (record - 1).bit_length())
+    else:
+        record = -(-record // align) * align
+    # np.zeros maps untouched pages lazily, as for a column of its own; the slack aligns the block to a cache line
+    raw = np.zeros(maxlen * record + PACK_ROW_BYTES, dtype=np.uint8)
+    start = -raw.ctypes.data % PACK_ROW_BYTES
+    block = raw[start : start + maxlen * record]
+    order = sorted(offsets)
+    records = block.view(
+        np.dtype(
+            {
+                "names": [f"f{i}" for i in order],
+                "formats": [(specs[i][0], specs[i][1]) if specs[i][1] else specs[i][0] for i in order],
+                "offsets": [offsets[i] for i in order],
+                "itemsize": record,
+            }
+        )
+    )
+    for i in order:
+        views[i] = records[f"f{i}"]
+    return views, records
 
 
 class Column:
@@ -140,6 +160,7 @@ class Column:
         self.dtype = np.dtype(dtype)
         self.shape = tuple(int(s) for s in shape)
         self.compressed = compressed
+        self.packed = data is not None
         self.row_nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         if compressed:
             self.data = np.empty(maxlen, dtype=object)
@@ -181,6 +202,8 @@ class ColumnStorage:
         self._keytree: Optional[Dict[str, Any]] = None
         self._flat = True
         self._any_compressed = False
+        self._records: Optional[np.ndarray] = None  # the packed small columns, structured, shape (maxlen,)
+        self._packed_fields: List[Optional[str]] = []  # field of each column in _records (None: stored apart)
 
     @property
     def ready(self) -> bool:
@@ -194,6 +217,7 @@ class ColumnStorage:
     def clear(self) -> None:
         """Forget the schema and free the columns."""
         self.columns, self._keytree, self._flat, self._any_compressed = [], None, True, False
+        self._records, self._packed_fields = None, []
 
     # ---- schema ----------------------------------------------------------------------------------------------
     def init_schema(self, sample: Mapping[str, Any], batched: bool = False) -> None:
@@ -232,7 +256,7 @@ class ColumnStorage:
                     f"compress_fields names '{field}', which is not a field of the samples "
                     f"(fields: {', '.join(sorted(names))})"
                 )
-        views = _pack_views(
+        views, self._records = _pack_records(
             [(np.dtype(d), tuple(int(x) for x in s)) for p, d, s in specs],
             [self._is_compressed(p) for p, _, _ in specs],
             self.maxlen,
@@ -249,6 +273,7 @@ class ColumnStorage:
         self._keytree = keytree
         self._flat = all(len(p) == 1 for p, _, _ in specs)
         self._any_compressed = any(c.compressed for c in self.columns)
+        self._packed_fields = [f"f{i}" if c.packed else None for i, c in enumerate(self.columns)]
 
     def _is_compressed(self, path: Path) -> bool:
         name = ".".join(path)
@@ -366,7 +391,15 @@ class ColumnStorage:
         Call ``to_tensors`` on the result (it decompresses); the two are split so that a caller holding a lock only
         needs it for the copy, not for the decompression.
         """
-        return [col.data.take(index, axis=0) for col in self.columns]
+        if self._records is None:
+            return [col.data.take(index, axis=0) for col in self.columns]
+        # one take of whole records (one cache miss per sample), then per-field copies from the cache-hot records;
+        # np.take on a strided column would instead copy the whole column first
+        records = self._records.take(index)
+        return [
+            col.data.take(index, axis=0) if field is None else records[field].copy()
+            for col, field in zip(self.columns, self._packed_fields)
+        ]
 
     def to_tensors(self, arrays: Sequence[np.ndarray]) -> Dict[str, Any]:
         """Gathered rows -> the sample's nested dict of tensors (decompressing compressed columns)."""

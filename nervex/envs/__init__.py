@@ -1,6 +1,7 @@
 """nervex environments: the env contract, ``GymEnv`` for any Gymnasium id, wrappers and the env registry."""
 
 from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep, EnvResetRequest
+from .check_env import EnvCheckError, check_env
 from .factory import ENV_PIPELINE_KEYS, create_env, get_env_cls
 from .gym_env import GymEnv, UnknownEnvIdError
 from .wrappers import ENV_WRAPPER_REGISTRY
@@ -16,4 +17,6 @@ __all__ = [
     "ENV_PIPELINE_KEYS",
     "get_env_cls",
     "create_env",
+    "check_env",
+    "EnvCheckError",
 ]

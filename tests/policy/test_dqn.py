@@ -63,8 +63,13 @@ def test_time_limit_truncation_bootstraps(tmp_path, nstep):
     gamma = 0.9
     cfg = {
         "max_env_step": 4000,
-        "env": {"env_type": "test_constant_reward", "manager_type": "base", "collector_env_num": 2,
-                "evaluator_env_num": 1, "time_limit": 10},
+        "env": {
+            "env_type": "test_constant_reward",
+            "manager_type": "base",
+            "collector_env_num": 2,
+            "evaluator_env_num": 1,
+            "time_limit": 10,
+        },
         "policy": {
             "policy_type": "dqn",
             "model": {"hidden_sizes": [16]},
@@ -121,6 +126,8 @@ def test_dqn_reaches_195_on_cartpole(tmp_path):
     cfg.max_env_step = 30000
     with SerialTrainer(cfg, seed=0, exp_name="converge", run_root=str(tmp_path)) as trainer:
         result = trainer.run(progress=False)
-    assert trainer.evaluator.best_reward >= 195, f"best evaluation {trainer.evaluator.best_reward} after {trainer.env_step} steps"
+    assert trainer.evaluator.best_reward >= 195, (
+        f"best evaluation {trainer.evaluator.best_reward} after {trainer.env_step} steps"
+    )
     assert "stop_val" in trainer.stop_reason
     assert result["env_step"] <= 30000

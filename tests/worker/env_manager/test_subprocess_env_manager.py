@@ -151,15 +151,16 @@ def test_dead_worker_is_restarted(fault, reason, trace_fragment):
 
 def test_hung_step_times_out_and_the_worker_is_restarted():
     cfgs = [dict(fault="hang", fault_step=2, episode_len=50), {"episode_len": 50}]
-    with manager(cfgs, worker_num=2, step_timeout=0.5) as m:
+    # a step may take step_timeout + reset_timeout (it can end in an auto-reset): 0.5 + 1.5 s here
+    with manager(cfgs, worker_num=2, step_timeout=0.5, reset_timeout=1.5) as m:
         m.launch()
         old_pid = m.worker_pids[0]
         start = time.monotonic()
         seen = step_all(m, 3)
-        assert time.monotonic() - start < 5.0
+        assert time.monotonic() - start < 6.0
         timed_out = seen[0][1]
         assert timed_out.info["abnormal"] and timed_out.info["reason"] == "timeout"
-        assert "within 0.5 s" in timed_out.info["error"] and "time.sleep" not in timed_out.info["error"]
+        assert "within 2.0 s" in timed_out.info["error"] and "time.sleep" not in timed_out.info["error"]
         assert "_misbehave" in timed_out.info["traceback"]  # where it hung, dumped by the child's faulthandler
         assert [ts.obs[1] for ts in seen[1]] == [1.0, 2.0, 3.0]
         assert m.stats["timeouts"] == 1 and m.stats["restarts"] == 1

@@ -148,7 +148,8 @@ class BaseEnvManager:
     def ready_obs(self) -> Dict[int, Any]:
         """``{env_id: obs}`` of the envs waiting for an action (a new dict: later steps do not change it)."""
         self._check_launched("ready_obs")
-        return dict(self._ready)
+        # env-id order: subprocess workers fill _ready as they answer, and the actor's random draws follow this order
+        return {env_id: self._ready[env_id] for env_id in sorted(self._ready)}
 
     @property
     def done(self) -> bool:

@@ -49,7 +49,8 @@ class SubprocessEnvManager(BaseEnvManager):
         context: Start method: ``'fork'`` (fast; the default where available), ``'spawn'`` or ``'forkserver'``
             (``env_fn`` and ``env_cfg`` must then be picklable).
         shared_memory: Observations (Box spaces) and rewards through shared memory instead of the pipe.
-        step_timeout: Seconds a worker may take to step its envs once; ``None``: wait forever.
+        step_timeout: Seconds a worker may take to step its envs once (plus ``reset_timeout``, since a step that ends
+            an episode also auto-resets the env); ``None``: wait forever.
         reset_timeout: Seconds a worker may take to (re)build and reset its envs; ``None``: wait forever.
         max_retry: Consecutive failures of one env answered by a restart; one more raises :class:`EnvError`.
         retry_delay: Seconds to wait before the second and later consecutive restart of the same env.
@@ -154,9 +155,17 @@ class SubprocessEnvManager(BaseEnvManager):
 
     # ---- the answer loop ---------------------------------------------------------------------------------------
     def _send(self, worker: WorkerHandle, command: str, arg: Any) -> None:
-        timeout = self._step_timeout if command == "step" else self._reset_timeout
-        if not self._pool.send(worker, command, arg, timeout):
+        if not self._pool.send(worker, command, arg, self._timeout_for(command)):
             self._on_worker_lost(worker, "crash")
+
+    def _timeout_for(self, command: str) -> Optional[float]:
+        if command != "step":
+            return self._reset_timeout
+        # a step may end an episode, and the worker then auto-resets that env before answering: a slow reset within
+        # reset_timeout must not be taken for a hung step, so a step may take both budgets
+        if self._step_timeout is None or self._reset_timeout is None:
+            return None
+        return self._step_timeout + self._reset_timeout
 
     def _enough(self, until_idle: bool) -> bool:
         if not any(w.pending for w in self._workers):
@@ -281,8 +290,7 @@ class SubprocessEnvManager(BaseEnvManager):
         exitcode, tb = self._pool.stop(worker, dump_traceback=reason == "timeout")
         if reason == "timeout":
             self._stats["timeouts"] += 1
-            limit = self._step_timeout if phase == "step" else self._reset_timeout
-            error = f"worker {worker.index} (pid {pid}) did not answer '{phase}' within {limit} s"
+            error = f"worker {worker.index} (pid {pid}) did not answer '{phase}' within {self._timeout_for(phase)} s"
         else:
             self._stats["crashes"] += 1
             error = f"worker {worker.index} (pid {pid}) {describe_exit(exitcode)} during '{phase}'"
@@ -335,6 +343,9 @@ class SubprocessEnvManager(BaseEnvManager):
             self._send(self._workers[w], "step", (worker_actions, self._last_episode_ids(worker_actions)))
         self._wait(until_idle=self._wait_num is None)
         out, self._results = self._results, {}
+        if self._wait_num is None:
+            # workers answer in whatever order they finish; env-id order keeps a seeded run reproducible
+            out = {env_id: out[env_id] for env_id in sorted(out)}
         return out
 
     def _last_episode_ids(self, actions: Dict[int, Any]) -> Tuple[int, ...]:

@@ -1,0 +1,64 @@
+"""ColumnStorage's packed block of small columns: layout, and gathers equal to per-column indexing."""
+
+import numpy as np
+import torch
+
+from nervex.data.storage import PACK_ROW_BYTES, ColumnStorage
+
+
+def make_sample(rng: np.random.Generator) -> dict:
+    return dict(
+        obs=rng.standard_normal(4).astype(np.float32),
+        action=int(rng.integers(0, 5)),
+        reward=float(rng.standard_normal()),
+        terminated=bool(rng.random() < 0.5),
+        frame=rng.integers(0, 255, (3, 30), dtype=np.uint8),  # 90 bytes: stored on its own
+        info=dict(mask=rng.integers(-9, 9, (2, 3)).astype(np.int16)),
+    )
+
+
+def test_small_columns_share_one_aligned_record_and_gather_matches_indexing():
+    rng = np.random.default_rng(0)
+    storage = ColumnStorage(50)
+    samples = [make_sample(rng) for _ in range(50)]
+    storage.init_schema(samples[0])
+    storage.write_rows(0, storage.convert_many(samples), 0, 50)
+    packed = {c.name: c.packed for c in storage.columns}
+    assert packed == {
+        "obs": True,
+        "action": True,
+        "reward": True,
+        "terminated": True,
+        "frame": False,
+        "info.mask": True,
+    }
+    record = storage.columns[0].data.strides[0]
+    assert record <= PACK_ROW_BYTES and PACK_ROW_BYTES % record == 0  # no record straddles a cache line
+    for col in storage.columns:
+        assert col.data.flags.aligned and col.data.shape == (50, *col.shape)
+        assert col.data.ctypes.data % col.dtype.alignment == 0
+    index = rng.integers(0, 50, 64)
+    rows = storage.gather(index)
+    for col, got in zip(storage.columns, rows):
+        assert got.flags.c_contiguous and got.dtype == col.dtype
+        expected = np.stack([np.asarray(s[col.path[0]] if len(col.path) == 1 else s["info"]["mask"]) for s in samples])
+        np.testing.assert_array_equal(got, expected[index].astype(col.dtype))
+    batch = storage.to_tensors(rows)
+    assert batch["info"]["mask"].shape == (64, 2, 3) and batch["info"]["mask"].is_contiguous()
+    assert batch["obs"].dtype == torch.float32
+
+
+def test_writing_one_packed_field_leaves_its_neighbours_alone():
+    storage = ColumnStorage(4)
+    storage.init_schema(dict(a=1, b=1.0, c=True))
+    storage.write_one(2, [7, 2.5, True])
+    storage.columns[1].data[2] = -1.0
+    a, b, c = storage.gather(np.array([2, 0]))
+    assert a.tolist() == [7, 0] and b.tolist() == [-1.0, 0.0] and c.tolist() == [True, False]
+
+
+def test_a_single_small_column_is_not_packed():
+    storage = ColumnStorage(4)
+    storage.init_schema(dict(obs=np.zeros(4, np.float32), frame=np.zeros((10, 10), np.uint8)))
+    assert [c.packed for c in storage.columns] == [False, False]
+    assert storage.gather(np.array([1, 3]))[0].shape == (2, 4)
