@@ -48,7 +48,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     from nervex.entry import SerialTrainer
 
     seed = args.seed if args.seed is not None else int(cfg.seed)
-    trainer = SerialTrainer(cfg, seed=seed, exp_name=args.exp_name, run_root=args.run_root)
+    try:
+        trainer = SerialTrainer(cfg, seed=seed, exp_name=args.exp_name, run_root=args.run_root)
+    except (KeyError, ValueError, ImportError) as e:
+        # building the envs, model or buffer from a valid-looking config can still fail on a value (an unknown
+        # Gymnasium id, a missing extra): say what, without a traceback
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"nervex: error: {message}", file=sys.stderr)
+        return 2
     try:
         result = trainer.run(progress=False if args.no_progress else None)
     except KeyboardInterrupt:

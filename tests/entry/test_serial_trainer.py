@@ -231,3 +231,14 @@ def test_subprocess_manager_training_is_reproducible(run_root):
             runs.append(params(trainer.policy))
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+def test_cli_unknown_gym_id_is_a_clean_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env:\n  env_type: gym\n  env_id: CartPol-v1\npolicy:\n  policy_type: dqn\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = [sys.executable, "-m", "nervex", "-c", str(bad), "--run-root", str(tmp_path / "runs")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert out.returncode == 2
+    assert "unknown Gymnasium env id 'CartPol-v1'" in out.stderr and "did you mean 'CartPole-v1'?" in out.stderr
+    assert "Traceback" not in out.stderr
