@@ -155,6 +155,7 @@ class SerialTrainer:
         buffer_cls = PrioritizedBuffer if cfg.policy.get("priority", False) else ReplayBuffer
         self.buffer = None if self.on_policy else _build_buffer(buffer_cls, cfg.replay_buffer, self.seed)
         self.eval_csv = CsvWriter(os.path.join(self.run_dir, "eval.csv"), EVAL_CSV_FIELDS)
+        self._loader: Optional[Any] = None  # AsyncDataLoader when learner.prefetch > 0, made at the first batch
         self.learner.call_hook("before_run")  # may resume from learner.hook.load_ckpt
         self.actor.env_step = self.learner.env_step
         self.stopped = False
@@ -218,7 +219,7 @@ class SerialTrainer:
         if self.env_step < learn.get("learning_starts", 0) or len(self.buffer) < learn.batch_size:
             return info
         for _ in range(learn.train_iteration):
-            batch = self.buffer.sample(learn.batch_size, learner_iter=self.train_iter)
+            batch = self._next_batch(learn.batch_size)
             if batch is None:
                 break
             info = self.learner.train(batch, self.env_step)
@@ -226,6 +227,22 @@ class SerialTrainer:
             if "priority" in info and isinstance(self.buffer, PrioritizedBuffer):
                 self.buffer.update(info["priority"])
         return info
+
+    def _next_batch(self, batch_size: int) -> Optional[Dict[str, Any]]:
+        prefetch = int(self.cfg.learner.get("prefetch", 0))
+        if prefetch <= 0:
+            return self.buffer.sample(batch_size, learner_iter=self.train_iter)
+        if self._loader is None:
+            from nervex.data import AsyncDataLoader
+
+            self._loader = AsyncDataLoader(
+                self.buffer,
+                batch_size=batch_size,
+                queue_size=prefetch,
+                pin_memory=self.policy.device.type == "cuda",
+                learner_iter_fn=lambda: self.train_iter,
+            )
+        return next(self._loader)
 
     def _maybe_eval(self) -> Dict[str, Any]:
         if not self.evaluator.should_eval(self.env_step):
@@ -348,6 +365,8 @@ class SerialTrainer:
             self.learner.env_step = self.env_step
             self.learner.call_hook("after_run")
         finally:
+            if self._loader is not None:
+                self._loader.close()
             self.actor.close()
             self.evaluator.close()
             self.eval_csv.close()

@@ -242,3 +242,34 @@ def test_cli_unknown_gym_id_is_a_clean_error(tmp_path):
     assert out.returncode == 2
     assert "unknown Gymnasium env id 'CartPol-v1'" in out.stderr and "did you mean 'CartPole-v1'?" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_prefetching_learner_trains_and_stops_cleanly(run_root):
+    import threading
+
+    before = threading.active_count()
+    cfg = small_cfg(**{"learner.prefetch": 2})
+    with SerialTrainer(cfg, seed=0, exp_name="prefetch", run_root=run_root) as trainer:
+        run_iters(trainer, 20)
+        assert trainer.env_step == 160 and trainer.train_iter == 4 * (20 - 64 // 8 + 1)
+        assert trainer._loader is not None and trainer._loader.delivered >= trainer.train_iter
+    assert threading.active_count() == before  # the loader's thread is gone
+
+
+def test_save_data_writes_offline_dataset(run_root, tmp_path):
+    from nervex.data import OfflineDataLoader, OfflineDataset
+
+    data_dir = str(tmp_path / "offline")
+    with SerialTrainer(small_cfg(**{"actor.save_data": data_dir}), seed=0, exp_name="save", run_root=run_root) as t:
+        run_iters(t, 30)
+        episodes = t.actor.episode_count
+        finished_steps = sum(t.actor.episode_lens)
+    dataset = OfflineDataset(data_dir)  # whole episodes only: the writer gets a trajectory when its episode ends
+    assert dataset.num_trajectories == episodes
+    assert len(dataset) == finished_steps
+    first = dataset.trajectory(0)
+    n = len(first["reward"])
+    assert bool(first["done"][-1]) and not first["done"][:-1].any()
+    np.testing.assert_array_equal(first["obs"][1:], first["next_obs"][:-1])  # consecutive steps chain up
+    batch = next(iter(OfflineDataLoader(dataset, batch_size=8, seed=0)))
+    assert batch["obs"].shape == (8, 4) and batch["obs"].dtype == torch.float32 and n > 0

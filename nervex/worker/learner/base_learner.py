@@ -39,6 +39,9 @@ class BaseLearner:
             log_show_after_iter=500,  # print and write train/* scalars every n iterations
         ),
         lr_decay=dict(type="none", end_factor=0.1, total_iter=100000),
+        # batches a background thread samples ahead from the replay buffer (AsyncDataLoader); 0 samples in the
+        # learner's own thread. Prefetching trades exact reproducibility for not waiting on sampling.
+        prefetch=0,
     )
 
     def __init__(
