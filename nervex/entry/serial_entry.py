@@ -114,7 +114,16 @@ class SerialTrainer:
         self.logger = build_logger(self.run_dir)
         self.scalar_writer = ScalarWriter(self.run_dir)
         self._closed = True
-        self._build(cfg)
+        self._env_managers: list = []
+        try:
+            self._build(cfg)
+        except BaseException:
+            # a config that fails half-way (a bad model kwarg, an unknown env id) must leave nothing open behind
+            for manager in self._env_managers:
+                manager.close()
+            self.scalar_writer.close()
+            close_logger(self.logger)
+            raise
         self._closed = False
         save_config(cfg, os.path.join(self.run_dir, "config.yaml"))
         self.logger.info(f"run directory: {self.run_dir}")
@@ -129,6 +138,7 @@ class SerialTrainer:
         fill_model_from_env(cfg.policy.model, self.env_info)
         manager_cls = ENV_MANAGER_REGISTRY.get(cfg.env.manager_type)
         collector_env = manager_cls(env_cls, env_cfg, cfg.env.collector_env_num, **cfg.env.manager)
+        self._env_managers.append(collector_env)
         collector_env.seed(self.seed)
         n_eval_env = max(1, min(cfg.env.evaluator_env_num, cfg.evaluator.n_episode))
         # an env class may play evaluation differently (e.g. Atari: whole games instead of lives)
@@ -140,6 +150,7 @@ class SerialTrainer:
             episode_num=eval_episodes_per_env(cfg.evaluator.n_episode, n_eval_env),
             **cfg.env.manager,
         )
+        self._env_managers.append(evaluator_env)
         evaluator_env.seed(self.seed + EVAL_SEED_OFFSET)
         self.policy = create_policy(cfg.policy)
         self.learner = BaseLearner(cfg.learner, self.policy.learn_mode, self.run_dir, self.logger, self.scalar_writer)
