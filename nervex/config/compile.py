@@ -29,19 +29,9 @@ ENV_PIPELINE_DEFAULTS: Dict[str, Any] = dict(
 SECTIONS = ("env", "policy", "replay_buffer", "learner", "actor", "evaluator")
 
 
-def _import_app_zoo() -> None:
-    # Environments of app_zoo register themselves on import; a config naming one must not need an import line.
-    try:
-        importlib.import_module("app_zoo")
-    except ImportError:
-        pass
-
-
 def _lookup(registry: Any, name: Any, path: str, where: str) -> Any:
     if not isinstance(name, str):
         raise ConfigError(f"key '{path}'{where} must be a registered name (a string), got {name!r}")
-    if name not in registry:
-        _import_app_zoo()
     if name not in registry:
         raise ConfigError(f"{registry.unknown_message(name)} (key '{path}'{where})")
     return registry.get(name)
@@ -104,7 +94,8 @@ def compile_config(cfg: Mapping[str, Any], source: Optional[str] = None) -> Easy
         ConfigError: an unknown key, a value of the wrong type, or an unknown ``policy_type``/``env_type``/
             ``manager_type``/``model_type``; the message names the dotted key and suggests the nearest valid one.
     """
-    from nervex.utils import ENV_MANAGER_REGISTRY, ENV_REGISTRY, POLICY_REGISTRY
+    from nervex.envs import get_env_cls
+    from nervex.utils import ENV_MANAGER_REGISTRY, POLICY_REGISTRY
 
     importlib.import_module("nervex.policy")
     importlib.import_module("nervex.envs")
@@ -116,7 +107,11 @@ def compile_config(cfg: Mapping[str, Any], source: Optional[str] = None) -> Easy
     out: Dict[str, Any] = validate_merge(TOP_LEVEL_DEFAULTS, {k: v for k, v in user.items() if k not in SECTIONS})
 
     env_user = user.get("env") or {}
-    env_cls = _lookup(ENV_REGISTRY, env_user.get("env_type", "gym"), "env.env_type", where)
+    env_type = env_user.get("env_type", "gym")
+    try:
+        env_cls = get_env_cls(env_type)  # imports app_zoo once for a name it does not know yet
+    except KeyError as e:
+        raise ConfigError(f"{e.args[0]} (key 'env.env_type'{where})") from None
     manager_cls = _lookup(
         ENV_MANAGER_REGISTRY,
         env_user.get("manager_type", ENV_PIPELINE_DEFAULTS["manager_type"]),
