@@ -69,17 +69,6 @@ class CrashingCartPoleEnv(CartPoleEnv):
         return super().step(action)
 
 
-@pytest.fixture(autouse=True)
-def no_child_process_left():
-    """Every test must leave no env worker behind, even when it fails; leftovers are killed, then reported."""
-    yield
-    leftovers = mp.active_children()
-    for process in leftovers:
-        process.kill()
-        process.join(5)
-    assert not leftovers, f"child processes left alive: {leftovers}"
-
-
 def assert_all_dead(pids: List[int]) -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
