@@ -18,21 +18,22 @@ setup(
         "lz4>=4.0",
         "tensorboard>=2.10",
         "tqdm>=4.60",
+        # compiled replay trees (PrioritizedBuffer's speed); the buffer falls back to NumPy where numba cannot load
+        "numba>=0.59",
     ],
     extras_require={
-        # the test extra pulls the optional backends too, so CI exercises Atari, MuJoCo and the numba trees
+        # the test extra pulls the optional backends too, so CI exercises Atari and MuJoCo
         "test": [
             "pytest>=7",
             "pytest-timeout>=2",
             "ruff>=0.4",
-            "numba>=0.59",
             "ale-py>=0.9",
             "opencv-python-headless>=4.8",
             "mujoco>=3.0",
             "imageio>=2.14",
         ],
-        "fast": ["numba>=0.59"],  # compiled sum/min-tree kernels for PrioritizedBuffer (NumPy fallback without)
-        "bench": ["stable-baselines3>=2.3", "tianshou>=1.0", "numba>=0.59"],
+        "fast": [],  # kept for old install commands: numba, which it used to add, is now a dependency
+        "bench": ["stable-baselines3>=2.3", "tianshou>=1.0"],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],  # cv2: the reference INTER_AREA resize
         "mujoco": ["mujoco>=3.0", "imageio>=2.14"],  # gymnasium.envs.mujoco imports imageio
         "dist": ["flask>=3.0", "requests>=2.31"],

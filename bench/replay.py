@@ -55,8 +55,16 @@ def rate(step: Callable[[], None], items_per_step: int, min_time: float) -> floa
             return n * items_per_step / elapsed
 
 
-def median_rate(make_step: Callable[[], Callable[[], None]], items: int, repeats: int, min_time: float) -> float:
-    return statistics.median(rate(make_step(), items, min_time) for _ in range(repeats))
+def median_rates(
+    makers: Dict[str, Callable[[], Callable[[], None]]], items: int, repeats: int, min_time: float
+) -> Dict[str, float]:
+    """Median rate of each library over ``repeats`` rounds; each round times every library once, in turn, so a slow
+    spell of the machine (the other core busy, a frequency change) falls on all of them alike."""
+    runs: Dict[str, List[float]] = {name: [] for name in makers}
+    for _ in range(repeats):
+        for name, make_step in makers.items():
+            runs[name].append(rate(make_step(), items, min_time))
+    return {name: statistics.median(r) for name, r in runs.items()}
 
 
 def transitions(n: int, seed: int = 0) -> Dict[str, np.ndarray]:
@@ -326,12 +334,15 @@ def speed(libs: Dict[str, object], sizes: List[int], batches: List[int], repeats
         ("add batches of 8 (trans/s)", lambda lib: lib.add_batch(add_data, 8)),
     ):
         items = 8 if "batches" in label else 1
-        row = {"what": label}
-        for name, lib in libs.items():
-            if name == "nervex PER (numpy)" and "nervex PER (numba)" in libs:
-                continue  # adding does not depend on the tree backend
-            row[name] = median_rate(fn(lib), items, repeats, min_time)
-            print(f"  {label:30s} {name:22s} {row[name]:12,.0f}", flush=True)
+        # adding does not depend on the tree backend
+        skip = "nervex PER (numpy)" if "nervex PER (numba)" in libs else None
+        row = {
+            "what": label,
+            **median_rates({n: fn(lib) for n, lib in libs.items() if n != skip}, items, repeats, min_time),
+        }
+        for name in libs:
+            if name in row:
+                print(f"  {label:30s} {name:22s} {row[name]:12,.0f}", flush=True)
         rows.append(row)
     prios = [np.abs(np.random.default_rng(i).standard_normal(max(batches))) + 1e-3 for i in range(512)]
     for size in sizes:
@@ -340,8 +351,9 @@ def speed(libs: Dict[str, object], sizes: List[int], batches: List[int], repeats
         for batch in batches:
             row = {"what": f"sample+update N={size:,} B={batch} (batches/s)"}
             p = [x[:batch] for x in prios]
-            for name, lib in libs.items():
-                row[name] = median_rate(lib.sample_update(filled[name], batch, p), 1, repeats, min_time)
+            makers = {name: lib.sample_update(filled[name], batch, p) for name, lib in libs.items()}
+            row.update(median_rates(makers, 1, repeats, min_time))
+            for name in libs:
                 print(f"  {row['what']:30s} {name:22s} {row[name]:12,.0f}", flush=True)
             rows.append(row)
         del filled

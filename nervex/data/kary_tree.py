@@ -22,13 +22,12 @@ to rounding (the tests use exactly representable values). The NumPy path is for 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from types import SimpleNamespace
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
 from .tree_kernels import default_backend, numba_available
-
-_KERNELS: Dict[int, Any] = {}
 
 
 class KaryTree:
@@ -37,7 +36,8 @@ class KaryTree:
     Args:
         capacity: Number of leaves; rounded up to a power of two (and at least ``arity``).
         arity: Children per node, a power of two >= 2 (8: one cache line of ``float64``).
-        backend: ``'numpy'``, ``'numba'`` or None for ``tree_kernels.default_backend()``.
+        backend: ``'numpy'``, ``'numba'`` (arity 8 only) or None for ``tree_kernels.default_backend()`` (NumPy for
+            other arities).
 
     Examples:
         >>> tree = KaryTree(16, backend="numpy")
@@ -67,7 +67,8 @@ class KaryTree:
         self._sizes = np.asarray(sizes, dtype=np.int64)
         self._sum = _aligned(int(sum(stored)), 0.0)
         self._min = _aligned(int(sum(stored)), np.inf)
-        self.backend = backend or default_backend()
+        # the compiled kernels exist for arity 8 (one cache line per group of siblings) only
+        self.backend = backend or (default_backend() if self.arity == 8 else "numpy")
         if self.backend not in ("numpy", "numba"):
             raise ValueError(f"KaryTree backend must be 'numpy' or 'numba', got {self.backend!r}")
         self._kernels = kary_kernels(self.arity) if self.backend == "numba" else None
@@ -126,9 +127,7 @@ class KaryTree:
         if index.min() < 0 or index.max() >= self.capacity:
             raise ValueError(f"KaryTree leaf index must be in [0, {self.capacity}), got {index.min()}..{index.max()}")
         if self._kernels is not None:
-            self._kernels.update(
-                self._sum, self._min, self._offsets, self.depth, self.arity, index, sum_value, min_value
-            )
+            self._kernels.update(self._sum, self._min, self._offsets, self.depth, index, sum_value, min_value)
             self.note_external_update(index.size)
             return
         if not unique:  # last occurrence wins, as in the sequential kernel
@@ -199,7 +198,7 @@ class KaryTree:
         value = np.minimum(np.asarray(value, dtype=np.float64).reshape(-1), np.nextafter(total, 0.0))
         if self._kernels is not None:
             out = np.empty(value.size, dtype=np.int64)
-            self._kernels.find(self._sum, self._offsets, self._sizes, self.depth, self.arity, value, out)
+            self._kernels.find(self._sum, self._offsets, self._sizes, self.depth, value, out)
             return out
         top = self._level(self._sum, self.depth)
         idx, v = _scan(np.broadcast_to(top, (value.size, top.size)), value)
@@ -249,199 +248,21 @@ def _scan(children: np.ndarray, v: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def kary_kernels(arity: int) -> Any:
-    """The compiled kernels (``find``, ``update``) for one arity; raises ``ImportError`` without numba."""
-    if arity not in _KERNELS:
-        if not numba_available():
-            raise ImportError("the numba KaryTree backend needs numba")
-        _KERNELS[arity] = _compile(arity)
-    return _KERNELS[arity]
+    """The compiled kernels (``find``, ``update``, ``draw``, ``update_priorities``); they exist for arity 8 only.
 
+    Raises:
+        ImportError: numba cannot be imported.
+        ValueError: another arity (use ``backend='numpy'`` for it).
+    """
+    if not numba_available():
+        raise ImportError("the numba KaryTree backend needs numba")
+    from . import numba_kernels as nk
 
-def _compile(arity_constant: int) -> Any:  # noqa: C901 - nested kernels
-    from types import SimpleNamespace
-
-    import numba
-
-    # the arity is a compile-time constant (a closure value), so the scans over siblings are fully unrolled;
-    # no on-disk cache, since closures over different constants would share one cache entry
-    A = arity_constant
-    jit = numba.njit(nogil=True)
-
-    @numba.njit(nogil=True, inline="always")
-    def step8(flat, first, r):  # pragma: no cover - compiled
-        # the running sums of 8 siblings with a log-depth add tree instead of a chain of 7 dependent adds: the tree
-        # fits in L3, so this arithmetic, not memory, is most of a descent
-        c0, c1, c2, c3 = flat[first], flat[first + 1], flat[first + 2], flat[first + 3]
-        c4, c5, c6, c7 = flat[first + 4], flat[first + 5], flat[first + 6], flat[first + 7]
-        s1 = c0 + c1
-        s3 = s1 + (c2 + c3)
-        s2 = s1 + c2
-        s4 = s3 + c4
-        s5 = s3 + (c4 + c5)
-        s6 = s5 + c6
-        # the running sums <= r are a prefix (values are >= 0); branch-free since the child taken is random
-        m0, m1, m2, m3 = c0 <= r, s1 <= r, s2 <= r, s3 <= r
-        m4, m5, m6 = s4 <= r, s5 <= r, s6 <= r
-        c = (m0 + m1) + (m2 + m3) + ((m4 + m5) + m6)
-        # rounding can leave r at or above the running sums of all the non-empty children: never step onto the
-        # empty ones after them (they may lie past the stored leaves)
-        last = max(
-            max(max(1 * (c1 > 0), 2 * (c2 > 0)), max(3 * (c3 > 0), 4 * (c4 > 0))), max(5 * (c5 > 0), 6 * (c6 > 0))
-        )
-        c = min(c, max(last, 7 * (c7 > 0)))
-        # what precedes child c: the largest running sum before it (they are increasing)
-        before = max(
-            max(max(c0 * (c > 0), s1 * (c > 1)), max(s2 * (c > 2), s3 * (c > 3))),
-            max(max(s4 * (c > 4), s5 * (c > 5)), s6 * (c > 6)),
-        )
-        return c, r - before
-
-    @numba.njit(nogil=True, inline="always")
-    def step_any(flat, first, r):  # pragma: no cover - compiled
-        last = 0
-        for t in range(A):
-            last = t if flat[first + t] > 0.0 else last
-        s = 0.0
-        before = 0.0
-        c = 0
-        for t in range(last):  # never step past the last non-empty child (see step8)
-            s += flat[first + t]
-            if s > r:
-                break
-            c += 1
-            before = s
-        return c, r - before
-
-    step = step8 if A == 8 else step_any
-
-    @jit
-    def find(flat, offsets, sizes, depth, arity, values, out):  # pragma: no cover - compiled
-        n = values.size
-        residual = values.copy()
-        for i in range(n):
-            out[i] = 0
-        # level by level across the batch so the cache misses of independent samples overlap; the top level is
-        # padded with zeros to A slots, so it is scanned like any group of siblings (as children of node 0)
-        for k in range(depth, -1, -1):
-            base = offsets[k]
-            # rounding can put the running sum of the top level a hair below the clipped value: never step into
-            # its zero padding (that would index past the leaves)
-            last = sizes[k] - 1 if k == depth else A - 1
-            # first a light pass that only loads each sample's sibling line: with few instructions per sample, many
-            # more misses are in flight at once than in the scan below, which then finds its lines in L1
-            touch = 0.0
-            for i in range(n):
-                touch += flat[base + out[i] * A]
-            for i in range(n):
-                c, r = step(flat, base + out[i] * A, residual[i])
-                residual[i] = r
-                out[i] = out[i] * A + min(c, last)
-        return touch
-
-    @jit
-    def update(sflat, mflat, offsets, depth, arity, index, svalues, mvalues):  # pragma: no cover - compiled
-        # load the lines the walk below needs first (leaves and level 1 of both trees miss the cache): their misses
-        # then overlap instead of stalling one sample at a time
-        touch = 0.0
-        if depth >= 1:
-            for i in range(index.size):
-                j = index[i]
-                touch += sflat[offsets[0] + j] + mflat[offsets[0] + j] + sflat[offsets[1] + j // A]
-                touch += mflat[offsets[1] + j // A]
-        # sequential, so a repeated index ends with its last value
-        for i in range(index.size):
-            j = index[i]
-            delta = svalues[i] - sflat[offsets[0] + j]
-            sflat[offsets[0] + j] = svalues[i]
-            # sums: add the change to each ancestor (one line per level; drift is removed by the periodic rebuild)
-            a = j
-            for k in range(1, depth + 1):
-                a //= A
-                sflat[offsets[k] + a] += delta
-            old = mflat[offsets[0] + j]
-            new = mvalues[i]
-            mflat[offsets[0] + j] = new
-            # minima: exact; walk up only while an ancestor can change (new below it, or old was its minimum)
-            for k in range(1, depth + 1):
-                j //= A
-                parent = offsets[k] + j
-                current = mflat[parent]
-                if new < current:
-                    m = new
-                elif old == current and new > old:
-                    first = offsets[k - 1] + j * A
-                    m = mflat[first]
-                    for t in range(1, A):
-                        m = min(m, mflat[first + t])
-                else:
-                    break
-                if m == current:
-                    break
-                mflat[parent] = m
-                old, new = current, m
-        return touch
-
-    @jit
-    def draw(sflat, mflat, offsets, sizes, depth, arity, rand, alpha, beta, uid_store, use, index, weight, uid):
-        # pragma: no cover - compiled
-        # the buffer's whole draw: stratified values (one in each of n equal slices of the total), search, importance
-        # weights normalized by the minimum priority, unique ids and use counts
-        top = offsets[depth]
-        total = 0.0
-        m = np.inf
-        for t in range(sizes[depth]):
-            total += sflat[top + t]  # the running sum total() computes
-            m = min(m, mflat[top + t])
-        if not total > 0.0:
-            return -1, total
-        n = rand.size
-        below_total = np.nextafter(total, 0.0)
-        values = np.empty(n)
-        for i in range(n):
-            values[i] = min((i + rand[i]) * (total / n), below_total)
-        touch = find(sflat, offsets, sizes, depth, arity, values, index)
-        scale = 1.0 / (m if alpha == 1.0 else m**alpha)
-        empty = 0
-        base = offsets[0]
-        for i in range(n):
-            j = index[i]
-            if j >= uid_store.size:  # cannot happen with consistent sums; guards the writes below all the same
-                j = uid_store.size - 1
-                index[i] = j
-                empty += 1
-            leaf = sflat[base + j]
-            empty += leaf <= 0.0
-            weight[i] = (leaf * scale) ** -beta
-            uid[i] = uid_store[j]
-            use[j] += 1
-            touch += mflat[base + j]  # the priority update writes this line next
-        return empty, touch
-
-    @jit
-    def update_priorities(index, uid, p, uid_store, eps, alpha, sflat, mflat, offsets, depth, arity):
-        # pragma: no cover - compiled
-        for i in range(p.size):
-            if not (p[i] >= 0.0 and p[i] < np.inf):
-                return -1, i, 0.0
-        keep = np.empty(p.size, dtype=np.int64)
-        leaf = np.empty(p.size)
-        raw = np.empty(p.size)
-        kept = 0
-        p_max = 0.0
-        for i in range(p.size):
-            j = index[i]
-            if uid_store[j] != uid[i]:
-                continue  # overwritten or evicted since it was drawn
-            q = max(p[i], eps)
-            p_max = max(p_max, q)
-            keep[kept] = j
-            leaf[kept] = q if alpha == 1.0 else q**alpha
-            raw[kept] = q  # the min tree holds raw priorities
-            kept += 1
-        update(sflat, mflat, offsets, depth, arity, keep[:kept], leaf[:kept], raw[:kept])
-        return 0, p.size - kept, p_max
-
-    return SimpleNamespace(find=find, update=update, draw=draw, update_priorities=update_priorities)
+    if arity != nk.A:
+        raise ValueError(f"the numba KaryTree backend is compiled for arity {nk.A}, got {arity}; use backend='numpy'")
+    return SimpleNamespace(
+        find=nk.kary_find, update=nk.kary_update, draw=nk.kary_draw, update_priorities=nk.kary_update_priorities
+    )
 
 
 class KarySumView:

@@ -32,6 +32,7 @@ from .tree_kernels import default_backend
 
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
 Batch = Dict[str, Any]
+_NO_WORDS = np.zeros((0, 0), dtype=np.uint64)  # what the compiled draw copies when no columns are packed
 
 
 def _to_numpy(x: Any, dtype: type) -> np.ndarray:
@@ -259,12 +260,12 @@ class BaseBuffer:
         with self._cond:
             if not self._wait_until_ready(batch_size, learner_iter, timeout):
                 return None
-            index, weight, uid = self._draw(batch_size)
+            index, weight, uid, packed = self._draw(batch_size)
             self._n_sampled += batch_size
             self._n_sample_calls += 1
             if self.max_use is not None:
                 self._evict_used(index)
-            rows = self._storage.gather(index)
+            rows = self._storage.gather(index, packed)
             if remember:
                 self._last_index, self._last_uid = index, uid
         batch = self._storage.to_tensors(rows)
@@ -301,8 +302,9 @@ class BaseBuffer:
             return True
         return self._n_sampled + batch_size <= self.samples_per_insert * (self._n_pushed - self._base)
 
-    def _draw(self, batch_size: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Slots, importance weights and unique ids of a new batch; counts one use of each slot drawn."""
+    def _draw(self, batch_size: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]:
+        """Slots, importance weights and unique ids of a new batch, and (compiled path) the batch's packed records
+        already copied (else None); counts one use of each slot drawn."""
         filled = min(self._n_pushed - self._base, self.maxlen)
         if not self.prioritized and self._n_valid == filled:
             index = self._rng.integers(0, filled, batch_size)
@@ -312,7 +314,7 @@ class BaseBuffer:
         else:
             index, weight = self._draw_vectorized(batch_size)
         np.add.at(self._use, index, 1)
-        return index, weight, self._uid.take(index)
+        return index, weight, self._uid.take(index), None
 
     def _draw_vectorized(self, batch_size: int) -> Tuple[np.ndarray, np.ndarray]:
         tree = self._sum_tree
@@ -332,14 +334,19 @@ class BaseBuffer:
     def _min_leaf(self) -> float:
         return self._min_tree.min() ** self.alpha
 
-    def _draw_compiled(self, batch_size: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _draw_compiled(self, batch_size: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]:
         tree = self._tree
         index = np.empty(batch_size, dtype=np.int64)
         weight = np.empty(batch_size, dtype=np.float32)
         uid = np.empty(batch_size, dtype=np.int64)
+        # the kernel also copies the packed records of the slots it draws: their cache misses overlap the tree's
+        words = self._storage.packed_words
+        if words is None:
+            words = _NO_WORDS
+        packed = np.empty((batch_size, words.shape[1]), dtype=words.dtype)
         empty, total = self._kernels.draw(
-            tree._sum, tree._min, tree._offsets, tree._sizes, tree.depth, tree.arity,
-            self._rng.random(batch_size), self.alpha, self.current_beta(), self._uid, self._use, index, weight, uid,
+            tree._sum, tree._min, tree._offsets, tree._sizes, tree.depth, self._rng.random(batch_size),
+            self.alpha, self.current_beta(), self._uid, self._use, index, weight, uid, words, packed,
         )  # fmt: skip
         if empty < 0:
             raise RuntimeError(f"cannot draw from a sum tree whose total is {total}; {len(self)} samples stored")
@@ -348,8 +355,8 @@ class BaseBuffer:
             index, leaf = self._redraw_empty(index, tree.leaves.take(index))
             weight = self._weights(leaf)
             np.add.at(self._use, index, 1)
-            uid = self._uid.take(index)
-        return index, weight, uid
+            return index, weight, self._uid.take(index), None
+        return index, weight, uid, packed if self._storage.packed_words is not None else None
 
     def _weights(self, leaf: np.ndarray) -> np.ndarray:
         # w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (leaf_i / min leaf)^-beta
@@ -465,7 +472,7 @@ class BaseBuffer:
         self._flush()
         t = self._tree
         status, info, p_max = self._kernels.update_priorities(
-            index, uid, p, self._uid, self.eps, self.alpha, t._sum, t._min, t._offsets, t.depth, t.arity
+            index, uid, p, self._uid, self.eps, self.alpha, t._sum, t._min, t._offsets, t.depth
         )
         if status < 0:
             raise ValueError(f"priorities must be finite and >= 0, got {p[info]} at position {info}")

@@ -204,6 +204,7 @@ class ColumnStorage:
         self._any_compressed = False
         self._records: Optional[np.ndarray] = None  # the packed small columns, structured, shape (maxlen,)
         self._packed_fields: List[Optional[str]] = []  # field of each column in _records (None: stored apart)
+        self._words: Optional[np.ndarray] = None  # _records as (maxlen, W) machine words, for compiled copies
 
     @property
     def ready(self) -> bool:
@@ -217,7 +218,7 @@ class ColumnStorage:
     def clear(self) -> None:
         """Forget the schema and free the columns."""
         self.columns, self._keytree, self._flat, self._any_compressed = [], None, True, False
-        self._records, self._packed_fields = None, []
+        self._records, self._packed_fields, self._words = None, [], None
 
     # ---- schema ----------------------------------------------------------------------------------------------
     def init_schema(self, sample: Mapping[str, Any], batched: bool = False) -> None:
@@ -274,6 +275,17 @@ class ColumnStorage:
         self._flat = all(len(p) == 1 for p, _, _ in specs)
         self._any_compressed = any(c.compressed for c in self.columns)
         self._packed_fields = [f"f{i}" if c.packed else None for i, c in enumerate(self.columns)]
+        self._words = None
+        if self._records is not None:
+            size = self._records.dtype.itemsize
+            word = next(w for w in (8, 4, 2, 1) if size % w == 0)
+            self._words = self._records.view(np.dtype(f"u{word}")).reshape(self.maxlen, size // word)
+
+    @property
+    def packed_words(self) -> Optional[np.ndarray]:
+        """The packed small columns as a ``(maxlen, W)`` array of unsigned words (None when nothing is packed): a
+        compiled sampler copies a row of it per sample and hands the copies to ``gather(index, rows)``."""
+        return self._words
 
     def _is_compressed(self, path: Path) -> bool:
         name = ".".join(path)
@@ -385,17 +397,21 @@ class ColumnStorage:
             else:
                 col.data[slot:end] = value[lo:hi]
 
-    def gather(self, index: np.ndarray) -> List[np.ndarray]:
+    def gather(self, index: np.ndarray, rows: Optional[np.ndarray] = None) -> List[np.ndarray]:
         """Rows ``index`` of every column, as new arrays; compressed columns as an object array of their bytes.
 
         Call ``to_tensors`` on the result (it decompresses); the two are split so that a caller holding a lock only
         needs it for the copy, not for the decompression.
+
+        Args:
+            index: Slots to read.
+            rows: The packed records of those slots, already copied (``packed_words[index]``), or None.
         """
         if self._records is None:
             return [col.data.take(index, axis=0) for col in self.columns]
         # one take of whole records (one cache miss per sample), then per-field copies from the cache-hot records;
         # np.take on a strided column would instead copy the whole column first
-        records = self._records.take(index)
+        records = self._records.take(index) if rows is None else rows.view(self._records.dtype).reshape(-1)
         return [
             col.data.take(index, axis=0) if field is None else records[field].copy()
             for col, field in zip(self.columns, self._packed_fields)

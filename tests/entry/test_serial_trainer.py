@@ -166,8 +166,13 @@ def test_serial_pipeline_returns_policy(run_root):
     assert int(policy.eval_mode.forward([0], obs)[0]["action"]) in (0, 1)
 
 
+def _env_with_root():
+    # the repository first, then whatever PYTHONPATH already held (an install outside site-packages, say)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+
+
 def test_cli_trains_and_reports(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = _env_with_root()
     cmd = [
         sys.executable,
         "-m",
@@ -195,7 +200,7 @@ def test_cli_trains_and_reports(tmp_path):
 
 
 def test_cli_config_error_exit_code(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = _env_with_root()
     cmd = [
         sys.executable,
         "-m",
@@ -236,7 +241,7 @@ def test_subprocess_manager_training_is_reproducible(run_root):
 def test_cli_unknown_gym_id_is_a_clean_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("env:\n  env_type: gym\n  env_id: CartPol-v1\npolicy:\n  policy_type: dqn\n")
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = _env_with_root()
     cmd = [sys.executable, "-m", "nervex", "-c", str(bad), "--run-root", str(tmp_path / "runs")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
     assert out.returncode == 2
