@@ -261,7 +261,12 @@ def kary_kernels(arity: int) -> Any:
     if arity != nk.A:
         raise ValueError(f"the numba KaryTree backend is compiled for arity {nk.A}, got {arity}; use backend='numpy'")
     return SimpleNamespace(
-        find=nk.kary_find, update=nk.kary_update, draw=nk.kary_draw, update_priorities=nk.kary_update_priorities
+        find=nk.kary_find,
+        update=nk.kary_update,
+        draw=nk.kary_draw,
+        update_priorities=nk.kary_update_priorities,
+        leaf_value=nk.leaf_value,
+        uniforms=nk.uniforms,
     )
 
 

@@ -121,18 +121,47 @@ def _step8(flat, first, r):  # pragma: no cover - compiled
 def kary_find(flat, offsets, sizes, depth, values, out):  # pragma: no cover - compiled
     n = values.size
     residual = values.copy()
-    for i in range(n):
-        out[i] = 0
-    # level by level across the batch so the cache misses of independent samples overlap; the top level is
-    # padded with zeros to A slots, so it is scanned like any group of siblings (as children of node 0)
-    for k in range(depth, -1, -1):
+    # the small top levels (all of them with at most 256 nodes): one branch-free binary search per sample in the
+    # running sums of the lowest such level, instead of a step per level (8 cheap steps replace 2 or 3 scans of 8)
+    k = depth
+    while k > 0 and sizes[k - 1] <= 256:
+        k -= 1
+    touch = 0.0
+    if k < depth:
+        size = sizes[k]
+        base = offsets[k]
+        prefix = np.empty(size)
+        running = 0.0
+        last = 0
+        for t in range(size):
+            prefix[t] = running
+            running += flat[base + t]
+            if flat[base + t] > 0.0:
+                last = t
+        for i in range(n):
+            v = residual[i]
+            j = 0
+            width = size
+            while width > 1:
+                half = width >> 1
+                j += half * (prefix[j + half] <= v)
+                width -= half
+            # rounding can leave v at or above the running sum of the non-empty nodes: stay on the last of them
+            j = min(j, last)
+            residual[i] = v - prefix[j]
+            out[i] = j
+    else:
+        for i in range(n):
+            out[i] = 0
+    # then level by level across the batch, so the cache misses of independent samples overlap; a top level that is
+    # searched this way is padded with zeros to A slots, so it is scanned like any group of siblings (of node 0)
+    for k in range(k - 1 if k < depth else depth, -1, -1):
         base = offsets[k]
         # rounding can put the running sum of the top level a hair below the clipped value: never step into
         # its zero padding (that would index past the leaves)
         last = sizes[k] - 1 if k == depth else A - 1
         # first a light pass that only loads each sample's sibling line: with few instructions per sample, many
         # more misses are in flight at once than in the scan below, which then finds its lines in L1
-        touch = 0.0
         for i in range(n):
             touch += flat[base + out[i] * A]
         for i in range(n):
@@ -186,12 +215,48 @@ def kary_update(sflat, mflat, offsets, depth, index, svalues, mvalues):  # pragm
     return touch
 
 
+@numba.njit(nogil=True, inline="always", cache=True)
+def uniform(state):  # pragma: no cover - compiled
+    # a float64 in [0, 1) from splitmix64 (state: a uint64 array of one element, advanced in place): statistically
+    # sound for sampling, and ~1 ns where a NumPy Generator call costs ~1 us per batch
+    z = state[0] + np.uint64(0x9E3779B97F4A7C15)
+    state[0] = z
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@numba.njit(nogil=True, cache=True)
+def uniforms(state, n):  # pragma: no cover - compiled
+    """``n`` numbers of ``uniform`` (for tests)."""
+    out = np.empty(n)
+    for i in range(n):
+        out[i] = uniform(state)
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def leaf_value(priority, alpha):  # pragma: no cover - compiled
+    # the sum tree's leaf for a priority: priority ** alpha, in float32 (half the cost of a float64 pow, and the
+    # priorities are float32 TD errors anyway) unless that would overflow or underflow. The buffer computes the leaf
+    # of new samples and the importance weights' normalizer with this same function, so the sample with the minimum
+    # priority gets a weight of exactly 1.
+    if alpha == 1.0:
+        return priority
+    if 1e-30 < priority < 1e30:
+        return np.float64(np.float32(priority) ** np.float32(alpha))
+    return priority**alpha
+
+
 @_jit
-def kary_draw(sflat, mflat, offsets, sizes, depth, rand, alpha, beta, uid_store, use, index, weight, uid, rec, rows):
-    # pragma: no cover - compiled
-    # the buffer's whole draw: stratified values (one in each of n equal slices of the total), search, importance
-    # weights normalized by the minimum priority, unique ids, use counts, and the copy of each sample's packed record
-    # (rec: the storage's row-major block as words, (N, W); rows: (n, W)), whose cache miss then overlaps the others
+def kary_draw(
+    sflat, mflat, offsets, sizes, depth, rng, alpha, beta, uid_store, use, index, weight, uid, src, record, table, block
+):  # pragma: no cover - compiled
+    # the buffer's whole draw: stratified values (one in each of n equal slices of the total, uniform numbers from the
+    # buffer's splitmix64 state rng), search, importance weights normalized by the minimum priority, unique ids, use
+    # counts, and the copy of the samples' packed columns into one field-major block (storage.PackedPlan: src,
+    # record, table; block: n * record bytes, rounded to words)
     top = offsets[depth]
     total = 0.0
     m = np.inf
@@ -200,14 +265,14 @@ def kary_draw(sflat, mflat, offsets, sizes, depth, rand, alpha, beta, uid_store,
         m = min(m, mflat[top + t])
     if not total > 0.0:
         return -1, total
-    n = rand.size
+    n = index.size
     below_total = np.nextafter(total, 0.0)
     values = np.empty(n)
     width = total / n
     for i in range(n):
-        values[i] = min((i + rand[i]) * width, below_total)
+        values[i] = min((i + uniform(rng)) * width, below_total)
     touch = kary_find(sflat, offsets, sizes, depth, values, index)
-    scale = 1.0 / (m if alpha == 1.0 else m**alpha)
+    scale = 1.0 / leaf_value(m, alpha)  # the min leaf, computed as the update computed it
     # float32 pow (the weights are float32) costs half a float64 pow; the sample with the minimum priority still
     # gets exactly 1 (leaf * scale is within an ulp of 1 in float64, so exactly 1 in float32)
     minus_beta = np.float32(-beta)
@@ -219,8 +284,8 @@ def kary_draw(sflat, mflat, offsets, sizes, depth, rand, alpha, beta, uid_store,
     for i in range(n):
         j = min(index[i], limit)
         touch += uid_store[j] + use[j] + mflat[base + j]
-        if rec.shape[1] > 0:
-            touch += rec[j, 0]
+        if table.shape[0] > 0:
+            touch += src[j * record]
     for i in range(n):
         j = index[i]
         if j >= uid_store.size:  # cannot happen with consistent sums; guards the writes below all the same
@@ -233,9 +298,47 @@ def kary_draw(sflat, mflat, offsets, sizes, depth, rand, alpha, beta, uid_store,
         uid[i] = uid_store[j]
         use[j] += 1
         touch += mflat[base + j]  # the priority update writes this line next
-        for w in range(rec.shape[1]):
-            rows[i, w] = rec[j, w]
+    if table.shape[0] > 0:
+        _copy_fields(src, record, table, index, block)
     return empty, touch
+
+
+@numba.njit(nogil=True, inline="always", cache=True)
+def _copy_fields(src, record, table, index, block):  # pragma: no cover - compiled
+    # field by field (the records are in L1 after the draw's first pass), each in words of the widest size that
+    # divides its offset, its size and the record: field f of sample i goes to block[n * offset_f + i * size_f]
+    n = index.size
+    for f in range(table.shape[0]):
+        width, first, count, offset = table[f, 0], table[f, 1], table[f, 2], table[f, 3]
+        if width == 8:
+            _copy_words(src.view(np.uint64), block.view(np.uint64), record // 8, first, count, n * offset // 8, index)
+        elif width == 4:
+            _copy_words(src.view(np.uint32), block.view(np.uint32), record // 4, first, count, n * offset // 4, index)
+        elif width == 2:
+            _copy_words(src.view(np.uint16), block.view(np.uint16), record // 2, first, count, n * offset // 2, index)
+        else:
+            _copy_words(src, block, record, first, count, n * offset, index)
+
+
+@numba.njit(nogil=True, inline="always", cache=True)
+def _copy_words(src, dst, stride, first, count, out, index):  # pragma: no cover - compiled
+    # rows of 1 and 2 words (scalars, small vectors) get loops of their own: a loop over a run-time count costs more
+    # per row than the copy itself
+    n = index.size
+    if count == 1:
+        for i in range(n):
+            dst[out + i] = src[index[i] * stride + first]
+    elif count == 2:
+        for i in range(n):
+            s = index[i] * stride + first
+            dst[out + 2 * i] = src[s]
+            dst[out + 2 * i + 1] = src[s + 1]
+    else:
+        for i in range(n):
+            s = index[i] * stride + first
+            d = out + i * count
+            for e in range(count):
+                dst[d + e] = src[s + e]
 
 
 @_jit
@@ -256,7 +359,7 @@ def kary_update_priorities(index, uid, p, uid_store, eps, alpha, sflat, mflat, o
         q = max(p[i], eps)
         p_max = max(p_max, q)
         keep[kept] = j
-        leaf[kept] = q if alpha == 1.0 else q**alpha
+        leaf[kept] = leaf_value(q, alpha)
         raw[kept] = q  # the min tree holds raw priorities
         kept += 1
     kary_update(sflat, mflat, offsets, depth, keep[:kept], leaf[:kept], raw[:kept])

@@ -32,7 +32,21 @@ from .tree_kernels import default_backend
 
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
 Batch = Dict[str, Any]
-_NO_WORDS = np.zeros((0, 0), dtype=np.uint64)  # what the compiled draw copies when no columns are packed
+
+
+class _NoPlan:
+    """What the compiled draw copies when no columns are packed: nothing."""
+
+    source = np.zeros(8, dtype=np.uint8)
+    record = 8
+    table = np.zeros((0, 4), dtype=np.int64)
+
+    @staticmethod
+    def block(n: int) -> np.ndarray:
+        return _NoPlan.source
+
+
+_NO_PLAN = _NoPlan()
 
 
 def _to_numpy(x: Any, dtype: type) -> np.ndarray:
@@ -93,6 +107,9 @@ class BaseBuffer:
         self._kernels = self._tree._kernels if self.prioritized and self._tree is not None else None
         self._cond = threading.Condition(threading.Lock())
         self._rng = np.random.default_rng(seed)
+        # the compiled draw's own generator (splitmix64), seeded from the buffer's, so a seeded buffer stays
+        # reproducible
+        self._kernel_rng = self._rng.integers(0, 2**63, size=1, dtype=np.int64).astype(np.uint64)
         self._n_pushed = 0  # unique ids handed out so far; never reset, so ids stay unique across clear()/load()
         self._reset()
 
@@ -101,6 +118,7 @@ class BaseBuffer:
         self._pending_from = self._stale_from = self._n_pushed
         self._n_valid = self._n_sampled = self._n_sample_calls = 0
         self._max_priority = 1.0
+        self._max_leaf_of = (1.0, 1.0)  # (max priority, its leaf) for the compiled path
         self._overwritten_min = np.inf  # smallest priority overwritten since the last flush (for the min tree)
         self._evicted_use = self._evicted_stale = self._ignored_updates = 0
         self._last_insert_iter = self._learner_iter = 0
@@ -207,7 +225,13 @@ class BaseBuffer:
             self._min_tree.leaves[rows] = self._max_priority
 
     def _max_leaf(self) -> float:
-        return self._max_priority**self.alpha if self.prioritized else 1.0
+        if not self.prioritized:
+            return 1.0
+        if self._kernels is None:
+            return self._max_priority**self.alpha
+        if self._max_leaf_of[0] != self._max_priority:  # the kernels' own leaf function (float32 pow), cached
+            self._max_leaf_of = (self._max_priority, float(self._kernels.leaf_value(self._max_priority, self.alpha)))
+        return self._max_leaf_of[1]
 
     def _check_learner_iter(self, learner_iter: int) -> None:
         if self.max_staleness is not None and learner_iter < self._last_insert_iter:
@@ -220,6 +244,8 @@ class BaseBuffer:
 
     def _flush(self) -> None:
         """Propagate the leaves written since the last flush into the trees (batched: one pass per call)."""
+        if self._pending_from == self._n_pushed:
+            return
         start = max(self._pending_from, self._n_pushed - self.maxlen)
         self._pending_from = self._n_pushed
         n = self._n_pushed - start
@@ -265,10 +291,15 @@ class BaseBuffer:
             self._n_sample_calls += 1
             if self.max_use is not None:
                 self._evict_used(index)
-            rows = self._storage.gather(index, packed)
             if remember:
                 self._last_index, self._last_uid = index, uid
-        batch = self._storage.to_tensors(rows)
+            if packed is not None and self._storage.direct:
+                batch = self._storage.tensors_from_block(batch_size, packed)  # views of the block: no lock needed
+            else:
+                rows = self._storage.gather(index, packed)
+                batch = None
+        if batch is None:
+            batch = self._storage.to_tensors(rows)
         batch["weight"] = torch.from_numpy(weight)
         batch["index"] = torch.from_numpy(index)
         batch["unique_id"] = torch.from_numpy(uid)
@@ -339,14 +370,14 @@ class BaseBuffer:
         index = np.empty(batch_size, dtype=np.int64)
         weight = np.empty(batch_size, dtype=np.float32)
         uid = np.empty(batch_size, dtype=np.int64)
-        # the kernel also copies the packed records of the slots it draws: their cache misses overlap the tree's
-        words = self._storage.packed_words
-        if words is None:
-            words = _NO_WORDS
-        packed = np.empty((batch_size, words.shape[1]), dtype=words.dtype)
+        # the kernel also copies the drawn samples' packed columns into one block: their cache misses overlap the
+        # tree's, and each field is then an array without another copy
+        plan = self._storage.packed_plan or _NO_PLAN
+        block = plan.block(batch_size)
         empty, total = self._kernels.draw(
-            tree._sum, tree._min, tree._offsets, tree._sizes, tree.depth, self._rng.random(batch_size),
-            self.alpha, self.current_beta(), self._uid, self._use, index, weight, uid, words, packed,
+            tree._sum, tree._min, tree._offsets, tree._sizes, tree.depth, self._kernel_rng,
+            self.alpha, self.current_beta(), self._uid, self._use, index, weight, uid,
+            plan.source, plan.record, plan.table, block,
         )  # fmt: skip
         if empty < 0:
             raise RuntimeError(f"cannot draw from a sum tree whose total is {total}; {len(self)} samples stored")
@@ -356,7 +387,7 @@ class BaseBuffer:
             weight = self._weights(leaf)
             np.add.at(self._use, index, 1)
             return index, weight, self._uid.take(index), None
-        return index, weight, uid, packed if self._storage.packed_words is not None else None
+        return index, weight, uid, block if self._storage.packed_plan is not None else None
 
     def _weights(self, leaf: np.ndarray) -> np.ndarray:
         # w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (leaf_i / min leaf)^-beta
@@ -476,9 +507,13 @@ class BaseBuffer:
         )
         if status < 0:
             raise ValueError(f"priorities must be finite and >= 0, got {p[info]} at position {info}")
-        self._ignored_updates += info
-        self._max_priority = max(self._max_priority, p_max)
-        t.note_external_update(p.size - info)
+        if info:
+            self._ignored_updates += info
+        if p_max > self._max_priority:
+            self._max_priority = p_max
+        t._updates_since_rebuild += p.size - info
+        if t._updates_since_rebuild > t.capacity:
+            t.note_external_update(0)  # rebuilds the sums exactly
 
     def _resolve_ids(self, index: Optional[ArrayLike], unique_id: Optional[ArrayLike]) -> Tuple[np.ndarray, np.ndarray]:
         if unique_id is not None:

@@ -86,7 +86,7 @@ def get_path(sample: Mapping[str, Any], path: Path) -> Any:
 
 def _pack_records(
     specs: Sequence[Tuple[np.dtype, Tuple[int, ...]]], compressed: Sequence[bool], maxlen: int
-) -> Tuple[List[Optional[np.ndarray]], Optional[np.ndarray]]:
+) -> Tuple[List[Optional[np.ndarray]], Optional[np.ndarray], Optional[np.ndarray]]:
     """One row-major block for the small uncompressed columns: a strided view per packed column, and the block.
 
     Fields are laid out largest alignment first, so every field sits at an offset that is a multiple of its item
@@ -94,8 +94,9 @@ def _pack_records(
     aligned and converts to a torch tensor.
 
     Returns:
-        A view per column (None for a column stored on its own) and the block as a 1-D structured array whose field
-        ``f{i}`` is column ``i`` (None when fewer than two columns are packed).
+        A view per column (None for a column stored on its own), the block as a 1-D structured array whose field
+        ``f{i}`` is column ``i``, and its bytes rounded up to whole 8-byte words (both None when fewer than two
+        columns are packed).
 
     Shapes:
         a packed column of row shape ``s``: ``(maxlen, *s)``; the block: ``(maxlen,)``.
@@ -115,7 +116,7 @@ def _pack_records(
             break
         offsets[i], record = record, record + nbytes
     if len(offsets) < 2:
-        return views, None  # a single column is already row-major on its own
+        return views, None, None  # a single column is already row-major on its own
     align = max(specs[i][0].alignment for i in offsets)
     if record <= PACK_ROW_BYTES:
         # a power of two divides the cache line, so no record straddles two lines (the block is line-aligned)
@@ -123,9 +124,10 @@ def _pack_records(
     else:
         record = -(-record // align) * align
     # np.zeros maps untouched pages lazily, as for a column of its own; the slack aligns the block to a cache line
-    raw = np.zeros(maxlen * record + PACK_ROW_BYTES, dtype=np.uint8)
+    raw = np.zeros(maxlen * record + PACK_ROW_BYTES + 8, dtype=np.uint8)
     start = -raw.ctypes.data % PACK_ROW_BYTES
     block = raw[start : start + maxlen * record]
+    words = raw[start : start + -(-maxlen * record // 8) * 8]  # the block rounded up to whole words (PackedPlan)
     order = sorted(offsets)
     records = block.view(
         np.dtype(
@@ -139,7 +141,7 @@ def _pack_records(
     )
     for i in order:
         views[i] = records[f"f{i}"]
-    return views, records
+    return views, records, words
 
 
 class Column:
@@ -186,6 +188,37 @@ class Column:
         )
 
 
+class PackedPlan:
+    """The packed small columns, as a compiled sampler copies them: for a batch of ``n`` samples, field ``f`` (at byte
+    ``o`` of a record) goes to bytes ``[n * o, n * o + n * size)`` of one block of ``n * record`` bytes, i.e. each field
+    is contiguous there and becomes an array (then a tensor) without another copy.
+
+    Attributes:
+        source: The packed block as ``uint8``, its length a multiple of 8 (so the kernel can view it as words).
+        record: Bytes per record.
+        table: ``int64 (F, 4)``, one row per packed field: copy width in bytes (8, 4, 2 or 1; it divides the field's
+            offset, size and the record), offset and size in units of that width, offset in bytes.
+        offsets: Per column, its byte offset in a record (-1: not packed).
+    """
+
+    def __init__(
+        self, records: np.ndarray, source: np.ndarray, columns: Sequence[Column], fields: Sequence[Optional[str]]
+    ) -> None:
+        self.record = records.dtype.itemsize
+        self.source = source
+        self.offsets = [-1 if f is None else records.dtype.fields[f][1] for f in fields]
+        rows = []
+        for col, offset in zip(columns, self.offsets):
+            if offset >= 0:
+                width = next(w for w in (8, 4, 2, 1) if not (offset % w or col.row_nbytes % w or self.record % w))
+                rows.append((width, offset // width, col.row_nbytes // width, offset))
+        self.table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+
+    def block(self, n: int) -> np.ndarray:
+        """A new block for ``n`` samples (``uint8``, its length a multiple of 8)."""
+        return np.empty(-(-n * self.record // 8) * 8, dtype=np.uint8)
+
+
 class ColumnStorage:
     """Preallocated columns for ``maxlen`` samples.
 
@@ -204,7 +237,8 @@ class ColumnStorage:
         self._any_compressed = False
         self._records: Optional[np.ndarray] = None  # the packed small columns, structured, shape (maxlen,)
         self._packed_fields: List[Optional[str]] = []  # field of each column in _records (None: stored apart)
-        self._words: Optional[np.ndarray] = None  # _records as (maxlen, W) machine words, for compiled copies
+        self._plan: Optional[PackedPlan] = None  # how a compiled sampler copies the packed columns (see packed_plan)
+        self._direct: Optional[List[Tuple[str, Tuple[int, ...], np.dtype, int]]] = None  # see tensors_from_block
 
     @property
     def ready(self) -> bool:
@@ -218,7 +252,7 @@ class ColumnStorage:
     def clear(self) -> None:
         """Forget the schema and free the columns."""
         self.columns, self._keytree, self._flat, self._any_compressed = [], None, True, False
-        self._records, self._packed_fields, self._words = None, [], None
+        self._records, self._packed_fields, self._plan, self._direct = None, [], None, None
 
     # ---- schema ----------------------------------------------------------------------------------------------
     def init_schema(self, sample: Mapping[str, Any], batched: bool = False) -> None:
@@ -257,7 +291,7 @@ class ColumnStorage:
                     f"compress_fields names '{field}', which is not a field of the samples "
                     f"(fields: {', '.join(sorted(names))})"
                 )
-        views, self._records = _pack_records(
+        views, self._records, packed_bytes = _pack_records(
             [(np.dtype(d), tuple(int(x) for x in s)) for p, d, s in specs],
             [self._is_compressed(p) for p, _, _ in specs],
             self.maxlen,
@@ -275,17 +309,30 @@ class ColumnStorage:
         self._flat = all(len(p) == 1 for p, _, _ in specs)
         self._any_compressed = any(c.compressed for c in self.columns)
         self._packed_fields = [f"f{i}" if c.packed else None for i, c in enumerate(self.columns)]
-        self._words = None
+        self._plan = None
+        self._direct: Optional[List[Tuple[str, Tuple[int, ...], np.dtype, int]]] = None
         if self._records is not None:
-            size = self._records.dtype.itemsize
-            word = next(w for w in (8, 4, 2, 1) if size % w == 0)
-            self._words = self._records.view(np.dtype(f"u{word}")).reshape(self.maxlen, size // word)
+            self._plan = PackedPlan(self._records, packed_bytes, self.columns, self._packed_fields)
+            if self._flat and all(offset >= 0 for offset in self._plan.offsets):
+                self._direct = [(c.key, c.shape, c.dtype, o) for c, o in zip(self.columns, self._plan.offsets)]
 
     @property
-    def packed_words(self) -> Optional[np.ndarray]:
-        """The packed small columns as a ``(maxlen, W)`` array of unsigned words (None when nothing is packed): a
-        compiled sampler copies a row of it per sample and hands the copies to ``gather(index, rows)``."""
-        return self._words
+    def direct(self) -> bool:
+        """Whether every column is packed (flat names, no compression): ``tensors_from_block`` makes the batch."""
+        return self._direct is not None
+
+    def tensors_from_block(self, n: int, block: np.ndarray) -> Dict[str, Any]:
+        """The batch's dict of tensors, each a view of the block a compiled sampler filled (see ``PackedPlan``)."""
+        return {
+            key: torch.from_numpy(np.ndarray((n, *shape), dtype, block, n * offset))
+            for key, shape, dtype, offset in self._direct
+        }
+
+    @property
+    def packed_plan(self) -> Optional[PackedPlan]:
+        """How a compiled sampler copies the packed columns of a batch into one field-major block (None when nothing
+        is packed); it hands the block to ``gather(index, block)``."""
+        return self._plan
 
     def _is_compressed(self, path: Path) -> bool:
         name = ".".join(path)
@@ -397,7 +444,7 @@ class ColumnStorage:
             else:
                 col.data[slot:end] = value[lo:hi]
 
-    def gather(self, index: np.ndarray, rows: Optional[np.ndarray] = None) -> List[np.ndarray]:
+    def gather(self, index: np.ndarray, block: Optional[np.ndarray] = None) -> List[np.ndarray]:
         """Rows ``index`` of every column, as new arrays; compressed columns as an object array of their bytes.
 
         Call ``to_tensors`` on the result (it decompresses); the two are split so that a caller holding a lock only
@@ -405,13 +452,22 @@ class ColumnStorage:
 
         Args:
             index: Slots to read.
-            rows: The packed records of those slots, already copied (``packed_words[index]``), or None.
+            block: The packed columns of those slots, already copied field-major by a compiled sampler (see
+                ``PackedPlan``); the packed columns are then views into it. None: copied here.
         """
         if self._records is None:
             return [col.data.take(index, axis=0) for col in self.columns]
+        if block is not None:
+            n = index.size
+            return [
+                col.data.take(index, axis=0)
+                if offset < 0
+                else np.ndarray((n, *col.shape), col.dtype, block, n * offset)
+                for col, offset in zip(self.columns, self._plan.offsets)
+            ]
         # one take of whole records (one cache miss per sample), then per-field copies from the cache-hot records;
         # np.take on a strided column would instead copy the whole column first
-        records = self._records.take(index) if rows is None else rows.view(self._records.dtype).reshape(-1)
+        records = self._records.take(index)
         return [
             col.data.take(index, axis=0) if field is None else records[field].copy()
             for col, field in zip(self.columns, self._packed_fields)

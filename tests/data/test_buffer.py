@@ -173,6 +173,28 @@ def test_importance_weights_by_hand(backend):
     assert seen == {0, 1, 2, 3}
 
 
+def test_importance_weights_on_random_priorities(backend):
+    # against float64 arithmetic: the compiled path computes leaves and weights in float32 pow, which must stay
+    # within float32 rounding, never exceed 1, and give the minimum-priority sample exactly 1
+    rng = np.random.default_rng(5)
+    buffer = PrioritizedBuffer(maxlen=300, alpha=0.6, beta=0.4, seed=1)
+    fill(buffer, 300)
+    priority = rng.uniform(0.5, 5.0, 300) ** 3  # leaves spread over ~3 decades
+    priority[17] = 0.1  # one clear minimum
+    buffer.update(priority, index=np.arange(300))
+    hit_min = False
+    for _ in range(200):
+        batch = buffer.sample(64)
+        index, weight = batch["index"].numpy(), batch["weight"].numpy()
+        expected = (priority[index] / priority[17]) ** (-0.6 * 0.4)
+        np.testing.assert_allclose(weight, expected, rtol=2e-6)
+        assert (weight <= 1.0).all()
+        if (index == 17).any():
+            hit_min = True
+            assert (weight[index == 17] == 1.0).all()
+    assert hit_min
+
+
 def test_beta_anneals_linearly_to_one():
     buffer = PrioritizedBuffer(maxlen=4, beta=0.4, beta_anneal_steps=10)
     fill(buffer, 4)
