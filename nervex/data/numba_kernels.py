@@ -123,13 +123,13 @@ def kary_find(flat, offsets, sizes, depth, values, out):  # pragma: no cover - c
     residual = values.copy()
     # the small top levels (all of them with at most 256 nodes): one branch-free binary search per sample in the
     # running sums of the lowest such level, instead of a step per level (8 cheap steps replace 2 or 3 scans of 8)
-    k = depth
-    while k > 0 and sizes[k - 1] <= 256:
-        k -= 1
+    top = depth
+    while top > 0 and sizes[top - 1] <= 256:
+        top -= 1
     touch = 0.0
-    if k < depth:
-        size = sizes[k]
-        base = offsets[k]
+    if top < depth:
+        size = sizes[top]
+        base = offsets[top]
         prefix = np.empty(size)
         running = 0.0
         last = 0
@@ -155,7 +155,7 @@ def kary_find(flat, offsets, sizes, depth, values, out):  # pragma: no cover - c
             out[i] = 0
     # then level by level across the batch, so the cache misses of independent samples overlap; a top level that is
     # searched this way is padded with zeros to A slots, so it is scanned like any group of siblings (of node 0)
-    for k in range(k - 1 if k < depth else depth, -1, -1):
+    for k in range(top - 1 if top < depth else depth, -1, -1):
         base = offsets[k]
         # rounding can put the running sum of the top level a hair below the clipped value: never step into
         # its zero padding (that would index past the leaves)
