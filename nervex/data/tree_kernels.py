@@ -13,6 +13,7 @@ dependency of nervex, but a platform without a numba wheel still gets a working 
 from __future__ import annotations
 
 import os
+import warnings
 from types import SimpleNamespace
 from typing import Any, Optional
 
@@ -52,6 +53,11 @@ def _load() -> Optional[Any]:
             _KERNELS = _compile()
         except ImportError as error:
             _IMPORT_ERROR = str(error)
+        except RuntimeError as error:
+            # numba found no writable place for its cache (a read-only install and no usable home directory):
+            # say so once and use NumPy rather than fail; NUMBA_CACHE_DIR=/some/writable/dir restores the kernels
+            _IMPORT_ERROR = f"numba could not set up its kernel cache ({error}); set NUMBA_CACHE_DIR"
+            warnings.warn(f"nervex replay trees fall back to NumPy: {_IMPORT_ERROR}", RuntimeWarning, stacklevel=2)
     return _KERNELS
 
 

@@ -70,6 +70,41 @@ def test_sample_values_come_from_the_stored_slots(backend):
     np.testing.assert_array_equal(batch["index"].numpy(), uid % 16)
 
 
+@pytest.mark.parametrize("nested", [False, True])
+def test_every_field_width_is_copied_exactly(backend, nested):
+    # fields of 8, 4, 2 and 1 bytes, scalars and vectors, packed into one record (plus, when nested, a large column
+    # stored on its own): what a batch holds must be exactly what was stored at its slots
+    rng = np.random.default_rng(3)
+    n = 500
+    data = {
+        "f64": rng.normal(size=(n, 3)),
+        "i64": rng.integers(-(2**62), 2**62, n),
+        "f32": rng.normal(size=n).astype(np.float32),
+        "i32v": rng.integers(-(2**31), 2**31 - 1, (n, 3)).astype(np.int32),
+        "u16": rng.integers(0, 2**16, (n, 2)).astype(np.uint16),
+        "u8v": rng.integers(0, 256, (n, 5)).astype(np.uint8),
+        "flag": rng.random(n) < 0.5,
+    }
+    if nested:
+        data = {"inner": {"f64": data.pop("f64"), "flag": data.pop("flag")}, "big": rng.random((n, 40)), **data}
+    buffer = PrioritizedBuffer(maxlen=n, seed=2)
+    buffer.extend_batch(data)
+    buffer.update(rng.uniform(0.1, 3.0, n), index=np.arange(n))
+
+    def check(stored, got, slots):
+        for key, value in stored.items():
+            if isinstance(value, dict):
+                check(value, got[key], slots)
+            else:
+                expected = value[slots].astype(np.float32 if value.dtype == np.float64 else value.dtype)
+                assert got[key].is_contiguous()
+                np.testing.assert_array_equal(got[key].numpy(), expected, err_msg=key)
+
+    for _ in range(20):
+        batch = buffer.sample(64)
+        check(data, batch, batch["index"].numpy())
+
+
 @pytest.mark.parametrize(
     "bad,match",
     [
