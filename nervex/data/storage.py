@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .compression import compress_array, decompress_array
+from .pool import ArrayPool
 
 Path = Tuple[str, ...]
 RESERVED_FIELDS = ("weight", "index", "unique_id")
@@ -239,6 +240,7 @@ class ColumnStorage:
         self._packed_fields: List[Optional[str]] = []  # field of each column in _records (None: stored apart)
         self._plan: Optional[PackedPlan] = None  # how a compiled sampler copies the packed columns (see packed_plan)
         self._direct: Optional[List[Tuple[str, Tuple[int, ...], np.dtype, int]]] = None  # see tensors_from_block
+        self._pool = ArrayPool()  # output arrays of large columns, reused once released
 
     @property
     def ready(self) -> bool:
@@ -253,6 +255,7 @@ class ColumnStorage:
         """Forget the schema and free the columns."""
         self.columns, self._keytree, self._flat, self._any_compressed = [], None, True, False
         self._records, self._packed_fields, self._plan, self._direct = None, [], None, None
+        self._pool.clear()
 
     # ---- schema ----------------------------------------------------------------------------------------------
     def init_schema(self, sample: Mapping[str, Any], batched: bool = False) -> None:
@@ -456,22 +459,26 @@ class ColumnStorage:
                 ``PackedPlan``); the packed columns are then views into it. None: copied here.
         """
         if self._records is None:
-            return [col.data.take(index, axis=0) for col in self.columns]
+            return [self._take(col, index) for col in self.columns]
         if block is not None:
             n = index.size
             return [
-                col.data.take(index, axis=0)
-                if offset < 0
-                else np.ndarray((n, *col.shape), col.dtype, block, n * offset)
+                self._take(col, index) if offset < 0 else np.ndarray((n, *col.shape), col.dtype, block, n * offset)
                 for col, offset in zip(self.columns, self._plan.offsets)
             ]
         # one take of whole records (one cache miss per sample), then per-field copies from the cache-hot records;
         # np.take on a strided column would instead copy the whole column first
         records = self._records.take(index)
         return [
-            col.data.take(index, axis=0) if field is None else records[field].copy()
+            self._take(col, index) if field is None else records[field].copy()
             for col, field in zip(self.columns, self._packed_fields)
         ]
+
+    def _take(self, col: Column, index: np.ndarray) -> np.ndarray:
+        if col.compressed:
+            return col.data.take(index)  # the blobs (an object array); to_tensors decompresses them
+        # large rows (frames) go into pooled arrays: see pool.py for the page faults this avoids
+        return col.data.take(index, axis=0, out=self._pool.empty((index.size, *col.shape), col.dtype))
 
     def to_tensors(self, arrays: Sequence[np.ndarray]) -> Dict[str, Any]:
         """Gathered rows -> the sample's nested dict of tensors (decompressing compressed columns)."""
@@ -481,9 +488,8 @@ class ColumnStorage:
             return {col.key: torch.from_numpy(a) for col, a in zip(self.columns, arrays)}
         return unflatten([c.path for c in self.columns], [torch.from_numpy(a) for a in arrays])
 
-    @staticmethod
-    def _decompress_rows(col: Column, blobs: np.ndarray) -> np.ndarray:
-        rows = np.empty((blobs.size, *col.shape), dtype=col.dtype)
+    def _decompress_rows(self, col: Column, blobs: np.ndarray) -> np.ndarray:
+        rows = self._pool.empty((blobs.size, *col.shape), col.dtype)
         for i, blob in enumerate(blobs):
             decompress_array(blob, col.dtype, col.shape, out=rows[i : i + 1])  # a view even for scalar fields
         return rows

@@ -62,3 +62,27 @@ def test_a_single_small_column_is_not_packed():
     storage.init_schema(dict(obs=np.zeros(4, np.float32), frame=np.zeros((10, 10), np.uint8)))
     assert [c.packed for c in storage.columns] == [False, False]
     assert storage.gather(np.array([1, 3]))[0].shape == (2, 4)
+
+
+def test_large_batches_reuse_released_arrays_but_never_held_ones():
+    from nervex.data import ReplayBuffer
+
+    n = 300
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (n, 4, 40, 40), dtype=np.uint8)  # 6.4 KB rows: pooled batches of 32
+    buffer = ReplayBuffer(maxlen=n, seed=0)
+    buffer.extend_batch({"obs": frames, "reward": np.arange(n, dtype=np.float32)})
+    held = [buffer.sample(32) for _ in range(12)]  # more than the pool keeps
+    assert len({b["obs"].data_ptr() for b in held}) == 12  # nothing held is handed out again
+    for b in held:
+        np.testing.assert_array_equal(b["obs"].numpy(), frames[b["index"].numpy()])
+    pointer = held[0]["obs"].data_ptr()
+    view = held[0]["obs"][:2]  # a view keeps the array in use
+    held.clear()
+    again = [buffer.sample(32) for _ in range(9)]
+    assert all(b["obs"].data_ptr() != pointer for b in again)
+    del view, again
+    first = buffer.sample(32)["obs"].data_ptr()  # dropped at once: its array is free for the next batch
+    reused = buffer.sample(32)
+    assert reused["obs"].data_ptr() == first
+    np.testing.assert_array_equal(reused["obs"].numpy(), frames[reused["index"].numpy()])
