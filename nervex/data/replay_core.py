@@ -279,13 +279,13 @@ class BaseBuffer(Draws):
                 self._evict_used(index)
             if remember:
                 self._last_index, self._last_uid = index, uid
+            rows = None
             if packed is not None and self._storage.direct:
-                batch = self._storage.tensors_from_block(batch_size, packed)  # views of the block: no lock needed
+                batch = self._storage.tensors_from_block(batch_size, packed)  # cheap views: fine under the lock
             else:
                 rows = self._storage.gather(index, packed)
-                batch = None
-        if batch is None:
-            batch = self._storage.to_tensors(rows)
+        if rows is not None:
+            batch = self._storage.to_tensors(rows)  # decompression, if any, outside the lock
         batch["weight"] = torch.from_numpy(weight)
         batch["index"] = torch.from_numpy(index)
         batch["unique_id"] = torch.from_numpy(uid)
@@ -415,9 +415,7 @@ class BaseBuffer(Draws):
             self._ignored_updates += info
         if p_max > self._max_priority:
             self._max_priority = p_max
-        t._updates_since_rebuild += p.size - info
-        if t._updates_since_rebuild > t.capacity:
-            t.note_external_update(0)  # rebuilds the sums exactly
+        t.note_external_update(p.size - info)
 
     def _resolve_ids(self, index: Optional[ArrayLike], unique_id: Optional[ArrayLike]) -> Tuple[np.ndarray, np.ndarray]:
         if unique_id is not None:
