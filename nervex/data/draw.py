@@ -86,7 +86,7 @@ class Draws:
             weight = self._weights(leaf)
             np.add.at(self._use, index, 1)
             return index, weight, self._uid.take(index), None
-        return index, weight, uid, block if self._storage.packed_plan is not None else None
+        return index, weight, uid, None if plan is NO_PLAN else block
 
     def _weights(self, leaf: np.ndarray) -> np.ndarray:
         # w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (leaf_i / min leaf)^-beta

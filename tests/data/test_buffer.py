@@ -462,3 +462,24 @@ def test_a_draw_landing_on_an_empty_slot_is_redrawn(backend):
         batch = buffer.sample(4)
         assert 3 not in batch["index"].tolist() and batch["weight"].isfinite().all()
     assert buffer._use[:3].sum() + buffer._use[3] == 4 + 20 * 4 and buffer._use[3] == 1
+
+
+def test_compiled_uniforms_and_seeded_draws_repeat():
+    # the compiled draw's own generator (splitmix64): uniform on [0, 1), uncorrelated, and seeded from the buffer's
+    # seed, so two buffers with one seed draw the same batches and another seed draws others
+    pytest.importorskip("numba")
+    from nervex.data.kary_tree import kary_kernels
+
+    u = kary_kernels(8).uniforms(np.array([12345], dtype=np.uint64), 200_000)
+    assert 0.0 <= u.min() and u.max() < 1.0
+    assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.01
+
+    def draws(seed):
+        buffer = PrioritizedBuffer(maxlen=64, seed=seed)
+        fill(buffer, 64)
+        buffer.update(np.arange(1, 65, dtype=np.float64), index=np.arange(64))
+        return [buffer.sample(16)["index"].tolist() for _ in range(5)]
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)
