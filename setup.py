@@ -33,7 +33,14 @@ setup(
             "imageio>=2.14",
         ],
         "fast": [],  # kept for old install commands: numba, which it used to add, is now a dependency
-        "bench": ["stable-baselines3>=2.3", "tianshou>=1.0"],
+        "bench": [
+            "stable-baselines3>=2.3",
+            "tianshou>=1.0",
+            "sb3-contrib>=2.3",
+            "rl_zoo3>=2.3",  # bench/zoo.py reads its hyperparams/*.yml
+            "matplotlib>=3.5",
+            "gymnasium[box2d]>=1.0",  # LunarLander
+        ],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],  # cv2: the reference INTER_AREA resize
         "mujoco": ["mujoco>=3.0", "imageio>=2.14"],  # gymnasium.envs.mujoco imports imageio
         "dist": ["flask>=3.0", "requests>=2.31"],

@@ -2,14 +2,16 @@
 
 from .agent import Agent
 from .plugins import (
-    PLUGINS,
+    PLUGIN_REGISTRY,
     AgentPlugin,
     ArgmaxSamplePlugin,
     EpsGreedySamplePlugin,
+    GaussianSamplePlugin,
     GradPlugin,
     HiddenStatePlugin,
     MultinomialSamplePlugin,
     create_plugin,
+    register_plugin,
 )
 from .target import TargetUpdater
 
@@ -21,7 +23,9 @@ __all__ = [
     "MultinomialSamplePlugin",
     "GradPlugin",
     "HiddenStatePlugin",
-    "PLUGINS",
+    "PLUGIN_REGISTRY",
+    "GaussianSamplePlugin",
+    "register_plugin",
     "create_plugin",
     "TargetUpdater",
 ]

@@ -15,6 +15,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from nervex.utils import Registry
+
 ForwardFn = Callable[[Any], Dict[str, Any]]
 
 
@@ -45,15 +47,17 @@ class AgentPlugin:
 
 
 # ---- sampling ------------------------------------------------------------------------------------------------------
-def _masked_logit(output: Dict[str, Any], data: Any, plugin: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``output['logit']`` with illegal actions at -inf, and the bool mask (or None).
+def _masked_logit(
+    output: Dict[str, Any], data: Any, plugin: str, key: str = "logit"
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``output[key]`` with illegal actions at -inf, and the bool mask (or None).
 
     The mask is ``output['action_mask']`` or, failing that, ``data['action_mask']`` (1/True = legal).
     """
-    if not isinstance(output, dict) or not isinstance(output.get("logit"), torch.Tensor):
+    if not isinstance(output, dict) or not isinstance(output.get(key), torch.Tensor):
         got = sorted(output) if isinstance(output, dict) else type(output).__name__
-        raise TypeError(f"{plugin} needs the model output to be a dict with a 'logit' tensor, got {got}")
-    logit = output["logit"]
+        raise TypeError(f"{plugin} needs the model output to be a dict with a '{key}' tensor, got {got}")
+    logit = output[key]
     mask = output.get("action_mask")
     if mask is None and isinstance(data, dict):
         mask = data.get("action_mask")
@@ -67,7 +71,25 @@ def _masked_logit(output: Dict[str, Any], data: Any, plugin: str) -> Tuple[torch
     return logit.masked_fill(~mask, float("-inf")), mask
 
 
-class ArgmaxSamplePlugin(AgentPlugin):
+class _LogitSamplePlugin(AgentPlugin):
+    """Base of the plugins that pick a discrete action from ``output[logit_key]``.
+
+    Args:
+        logit_key: The output field holding the logits (or Q-values): ``'logit'`` by default.
+    """
+
+    samples_action = True
+
+    def __init__(self, logit_key: str = "logit") -> None:
+        if not isinstance(logit_key, str) or not logit_key:
+            raise TypeError(f"{self.name}: logit_key must be a non-empty string, got {logit_key!r}")
+        self.logit_key = logit_key
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(logit_key={self.logit_key!r})"
+
+
+class ArgmaxSamplePlugin(_LogitSamplePlugin):
     """Sets ``output['action']`` to the legal action with the largest logit (greedy).
 
     Shapes:
@@ -75,16 +97,15 @@ class ArgmaxSamplePlugin(AgentPlugin):
     """
 
     name = "argmax_sample"
-    samples_action = True
 
     def __call__(self, forward: ForwardFn, data: Any, **kwargs: Any) -> Dict[str, Any]:
         output = forward(data)
-        logit, _ = _masked_logit(output, data, self.name)
+        logit, _ = _masked_logit(output, data, self.name, self.logit_key)
         output["action"] = logit.argmax(dim=-1)
         return output
 
 
-class EpsGreedySamplePlugin(AgentPlugin):
+class EpsGreedySamplePlugin(_LogitSamplePlugin):
     """Greedy action, replaced with probability ``eps`` by a uniformly random legal action.
 
     Needs ``Agent.forward(data, eps=...)``. Draws from torch's global RNG, so a seeded run repeats itself.
@@ -95,7 +116,6 @@ class EpsGreedySamplePlugin(AgentPlugin):
 
     name = "eps_greedy_sample"
     forward_kwargs = ("eps",)
-    samples_action = True
 
     def __call__(self, forward: ForwardFn, data: Any, eps: Optional[float] = None, **kwargs: Any) -> Dict[str, Any]:
         if eps is None:
@@ -104,7 +124,7 @@ class EpsGreedySamplePlugin(AgentPlugin):
         if not 0.0 <= eps <= 1.0:
             raise ValueError(f"eps_greedy_sample: eps must be in [0, 1], got {eps}")
         output = forward(data)
-        logit, mask = _masked_logit(output, data, self.name)
+        logit, mask = _masked_logit(output, data, self.name, self.logit_key)
         action = logit.argmax(dim=-1)
         if eps > 0:
             num_actions = logit.shape[-1]
@@ -118,23 +138,86 @@ class EpsGreedySamplePlugin(AgentPlugin):
         return output
 
 
-class MultinomialSamplePlugin(AgentPlugin):
-    """Samples ``output['action']`` from ``softmax(logit)`` over the legal actions (stochastic policies).
+class MultinomialSamplePlugin(_LogitSamplePlugin):
+    """Samples ``output['action']`` from ``softmax(logit)`` over the legal actions and adds its log-probability
+    ``output['logp']`` (what on-policy losses and off-policy corrections need from the behaviour policy).
 
     Shapes:
-        ``logit`` ``(B, A)`` -> ``action`` ``(B,)`` int64.
+        ``logit`` ``(B, A)`` -> ``action`` ``(B,)`` int64, ``logp`` ``(B,)``.
     """
 
     name = "multinomial_sample"
-    samples_action = True
 
     def __call__(self, forward: ForwardFn, data: Any, **kwargs: Any) -> Dict[str, Any]:
         output = forward(data)
-        logit, _ = _masked_logit(output, data, self.name)
-        probs = torch.softmax(logit.detach(), dim=-1)
-        num_actions = logit.shape[-1]
-        output["action"] = torch.multinomial(probs.reshape(-1, num_actions), 1).reshape(logit.shape[:-1])
+        logit, _ = _masked_logit(output, data, self.name, self.logit_key)
+        with torch.no_grad():
+            logp_all = torch.log_softmax(logit, dim=-1)
+            num_actions = logit.shape[-1]
+            action = torch.multinomial(logp_all.exp().reshape(-1, num_actions), 1).reshape(logit.shape[:-1])
+            output["logp"] = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        output["action"] = action
         return output
+
+
+class GaussianSamplePlugin(AgentPlugin):
+    """Samples a continuous action from a diagonal Gaussian ``N(output['mu'], output['sigma'])``, optionally
+    tanh-squashed into the action bounds, and adds its log-probability ``output['logp']``.
+
+    Args:
+        mu_key, sigma_key: Output fields of the mean and standard deviation.
+        squash: Squash with tanh into ``[low, high]`` (SAC); False samples the plain Gaussian (PPO, A2C), which the
+            actor clips to the env's bounds when stepping.
+        low, high: Action bounds for ``squash`` (scalars or per dimension, e.g. the env's ``Box.low`` / ``high``).
+        deterministic: Take the mode (the mean, squashed) instead of sampling: greedy evaluation.
+
+    Shapes:
+        ``mu``, ``sigma`` ``(B, D)`` -> ``action`` ``(B, D)``, ``logp`` ``(B,)``.
+    """
+
+    name = "gaussian_sample"
+    samples_action = True
+
+    def __init__(
+        self,
+        mu_key: str = "mu",
+        sigma_key: str = "sigma",
+        squash: bool = False,
+        low: Any = None,
+        high: Any = None,
+        deterministic: bool = False,
+    ) -> None:
+        if (low is not None or high is not None) and not squash:
+            raise ValueError("gaussian_sample: low/high bound a squashed Gaussian; set squash=True or drop them")
+        self.mu_key, self.sigma_key = mu_key, sigma_key
+        self.squash, self.low, self.high = bool(squash), low, high
+        self.deterministic = bool(deterministic)
+
+    def __call__(self, forward: ForwardFn, data: Any, **kwargs: Any) -> Dict[str, Any]:
+        from nervex.torch_utils.distribution import GaussianDist, TanhGaussianDist
+
+        output = forward(data)
+        missing = [k for k in (self.mu_key, self.sigma_key) if not isinstance(output.get(k), torch.Tensor)]
+        if missing:
+            raise TypeError(f"gaussian_sample needs the model output to hold tensors {missing}; got {sorted(output)}")
+        mu, sigma = output[self.mu_key], output[self.sigma_key]
+        with torch.no_grad():
+            if self.squash:
+                dist = TanhGaussianDist(mu, sigma, self.low, self.high)
+                if self.deterministic:
+                    action = dist.mode()
+                    output["logp"] = dist.log_prob(action)
+                else:
+                    action, output["logp"] = dist.sample_with_log_prob()
+            else:
+                dist = GaussianDist(mu, sigma)
+                action = dist.mode() if self.deterministic else dist.sample()
+                output["logp"] = dist.log_prob(action)
+        output["action"] = action
+        return output
+
+    def __repr__(self) -> str:
+        return f"GaussianSamplePlugin(squash={self.squash}, deterministic={self.deterministic})"
 
 
 # ---- execution context ---------------------------------------------------------------------------------------------
@@ -240,24 +323,43 @@ class HiddenStatePlugin(AgentPlugin):
         return f"HiddenStatePlugin(state_num={self.state_num})"
 
 
-PLUGINS: Dict[str, type] = {
-    cls.name: cls
-    for cls in (ArgmaxSamplePlugin, EpsGreedySamplePlugin, MultinomialSamplePlugin, GradPlugin, HiddenStatePlugin)
-}
+PLUGIN_REGISTRY = Registry("agent plugin")
+for _cls in (
+    ArgmaxSamplePlugin,
+    EpsGreedySamplePlugin,
+    MultinomialSamplePlugin,
+    GaussianSamplePlugin,
+    GradPlugin,
+    HiddenStatePlugin,
+):
+    PLUGIN_REGISTRY.register(_cls.name, _cls)
+
+
+def register_plugin(name: str, plugin_cls: type) -> type:
+    """Make ``Agent.add_plugin(model_name, name, **kwargs)`` build ``plugin_cls(**kwargs)``.
+
+    Raises:
+        TypeError: ``plugin_cls`` is not an ``AgentPlugin`` subclass.
+        KeyError: ``name`` is taken by another class.
+    """
+    if not (isinstance(plugin_cls, type) and issubclass(plugin_cls, AgentPlugin)):
+        raise TypeError(f"register_plugin('{name}', ...) needs an AgentPlugin subclass, got {plugin_cls!r}")
+    return PLUGIN_REGISTRY.register(name, plugin_cls)
 
 
 def create_plugin(name: str, **kwargs: Any) -> AgentPlugin:
-    """Build the plugin called ``name`` with its constructor ``kwargs``.
+    """Build the registered plugin called ``name`` with its constructor ``kwargs``.
 
     Raises:
         ValueError: unknown name (the message lists valid names and the nearest match).
         TypeError: ``kwargs`` do not fit the plugin; the message shows what it takes.
     """
-    if name not in PLUGINS:
-        close = difflib.get_close_matches(str(name), list(PLUGINS), n=1)
+    if name not in PLUGIN_REGISTRY:
+        names = PLUGIN_REGISTRY.names()
+        close = difflib.get_close_matches(str(name), names, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"unknown agent plugin '{name}'; valid: {', '.join(PLUGINS)}{hint}")
-    cls = PLUGINS[name]
+        raise ValueError(f"unknown agent plugin '{name}'; valid: {', '.join(names)}{hint}")
+    cls = PLUGIN_REGISTRY.get(name)
     signature = inspect.signature(cls.__init__)
     try:
         signature.bind(None, **kwargs)

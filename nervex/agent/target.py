@@ -63,8 +63,11 @@ class TargetUpdater:
         self.target = target
         self.update_count = 0
 
-    def update(self) -> bool:
+    def update(self, source_state: Optional[Dict[str, Any]] = None) -> bool:
         """Apply one update step.
+
+        Args:
+            source_state: Weights to move towards instead of ``main``'s current ones (a ``main.state_dict()``).
 
         Returns:
             Whether the target's weights were changed by this call.
@@ -73,20 +76,31 @@ class TargetUpdater:
         if self.update_type == "assign":
             if self.update_count % self.update_kwargs["freq"] != 0:
                 return False
-            self.target.load_state_dict(self.main.state_dict())
+            self.target.load_state_dict(self.main.state_dict() if source_state is None else source_state)
             return True
-        self._momentum_step(float(self.update_kwargs["theta"]))
+        self._momentum_step(float(self.update_kwargs["theta"]), source_state)
         return True
 
     @torch.no_grad()
-    def _momentum_step(self, theta: float) -> None:
+    def _momentum_step(self, theta: float, source_state: Optional[Dict[str, Any]]) -> None:
+        if source_state is not None:
+            target_state = self.target.state_dict()
+            for key, target_value in target_state.items():
+                if target_value.is_floating_point():
+                    target_value.lerp_(source_state[key].to(target_value.device), theta)
+                else:
+                    target_value.copy_(source_state[key])
+            return
         # parameters() / buffers() skip duplicates, so a tied weight is averaged once, not twice
         target_values = [*self.target.parameters(), *self.target.buffers()]
         main_values = [*self.main.parameters(), *self.main.buffers()]
         if len(target_values) != len(main_values):
             raise RuntimeError("target and main models have different parameters/buffers; was the main model changed?")
+        float_targets = [t for t in target_values if t.is_floating_point()]
+        float_mains = [m for t, m in zip(target_values, main_values) if t.is_floating_point()]
+        if float_targets:
+            # one fused kernel over every tensor instead of a Python loop of lerp_ calls
+            torch._foreach_lerp_(float_targets, float_mains, theta)
         for target_value, main_value in zip(target_values, main_values):
-            if target_value.is_floating_point():
-                target_value.lerp_(main_value, theta)
-            else:
+            if not target_value.is_floating_point():
                 target_value.copy_(main_value)

@@ -1,5 +1,8 @@
-from .compile import compile_config
+"""Configs: reading YAML, declared defaults (``Field``), merging and validating (no torch import here)."""
+
+from .compile import TOP_LEVEL_DEFAULTS, ConfigParts, compile_config, compile_section, declared_defaults, is_compiled
 from .config import (
+    RENAMED_KEYS,
     ConfigError,
     apply_overrides,
     deep_merge,
@@ -10,12 +13,23 @@ from .config import (
     to_plain,
     validate_merge,
 )
+from .field import Field, merge_defaults, plain_defaults, signature_config
 
 __all__ = [
     "ConfigError",
+    "ConfigParts",
+    "Field",
+    "RENAMED_KEYS",
+    "TOP_LEVEL_DEFAULTS",
     "read_config",
     "compile_config",
+    "compile_section",
+    "declared_defaults",
+    "is_compiled",
     "deep_merge",
+    "merge_defaults",
+    "plain_defaults",
+    "signature_config",
     "validate_merge",
     "apply_overrides",
     "parse_overrides",

@@ -1,142 +1,134 @@
-"""``compile_config``: the user's config laid over every part's declared defaults, validated."""
+"""``compile_config``: the user's config laid over the declared defaults of the parts that will be built.
+
+The config package knows no policy, env or buffer: the entry that assembles a run names its parts (``ConfigParts``)
+and ``compile_config`` validates each section against the part that will actually be built. Nothing here imports
+torch or an environment, so a YAML can be checked anywhere the parts' declarations are importable.
+"""
 
 from __future__ import annotations
 
 import difflib
-import importlib
-import inspect
 import os
-from typing import Any, Dict, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from easydict import EasyDict
 
 from .config import ConfigError, config_source, to_plain, validate_merge
+from .field import Field
 
 # Keys of the top level that belong to the pipeline itself; the sections hold their own defaults.
 TOP_LEVEL_DEFAULTS: Dict[str, Any] = dict(
     exp_name=None,  # run directory name under runs/; default: {env}__{policy}__{seed}__{time}
-    seed=0,
-    max_env_step=10_000_000,  # stop training after this many env steps
-    max_train_iter=1_000_000_000,  # ... or this many learner iterations
-    num_threads=1,  # torch intra-op threads; small RL nets are fastest on one
+    seed=Field(0, ge=0),
+    max_env_step=Field(10_000_000, ge=1),  # stop training after this many env steps
+    max_train_iter=Field(1_000_000_000, ge=1),  # ... or this many gradient steps
+    num_threads=Field(1, ge=0),  # torch intra-op threads; small RL nets are fastest on one (0: torch's default)
 )
-ENV_PIPELINE_DEFAULTS: Dict[str, Any] = dict(
-    env_type="gym",
-    manager_type="subprocess",
-    collector_env_num=8,
-    evaluator_env_num=5,
-)
-SECTIONS = ("env", "policy", "replay_buffer", "learner", "actor", "evaluator")
+
+Check = Callable[[Dict[str, Any], str], None]
 
 
-def _lookup(registry: Any, name: Any, path: str, where: str) -> Any:
-    if not isinstance(name, str):
-        raise ConfigError(f"key '{path}'{where} must be a registered name (a string), got {name!r}")
-    if name not in registry:
-        raise ConfigError(f"{registry.unknown_message(name)} (key '{path}'{where})")
-    return registry.get(name)
+@dataclass
+class ConfigParts:
+    """What a whole-run config is validated against.
+
+    Attributes:
+        sections: Section name -> its declared defaults: a mapping, or a class whose ``config`` attribute holds them.
+            The top-level keys (``seed``, ``max_env_step``...) are ``top``.
+        top: Defaults of the top-level keys.
+        open_sections: Sections whose unknown keys are accepted (their class declares no defaults of its own).
+        absent: Sections that must not be given, with the reason (e.g. ``replay_buffer`` for an on-policy policy).
+        checks: Functions ``check(compiled, where)`` run in order on the merged config: cross-key rules (model
+            keyword arguments against the model class) that raise ``ConfigError``, or values resolved from several
+            keys (a policy's ``on_policy``) that they write into it.
+    """
+
+    sections: Dict[str, Any]
+    top: Mapping[str, Any] = field(default_factory=lambda: dict(TOP_LEVEL_DEFAULTS))
+    open_sections: List[str] = field(default_factory=list)
+    absent: Dict[str, str] = field(default_factory=dict)
+    checks: List[Check] = field(default_factory=list)
 
 
-def _check_top_level(user: Mapping[str, Any], where: str) -> None:
-    valid = list(TOP_LEVEL_DEFAULTS) + list(SECTIONS)
+def declared_defaults(part: Any) -> Mapping[str, Any]:
+    """A part's defaults: the mapping itself, or a class's ``config`` attribute."""
+    if part is None:
+        return {}
+    if isinstance(part, Mapping):
+        return part
+    defaults = getattr(part, "config", None)
+    if not isinstance(defaults, Mapping):
+        raise TypeError(f"config part {part!r} declares no 'config' mapping of defaults")
+    return defaults
+
+
+def _check_top_level(user: Mapping[str, Any], parts: ConfigParts, where: str) -> None:
+    valid = list(parts.top) + list(parts.sections) + list(parts.absent)
     for key in user:
         if key not in valid:
             close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
             hint = f"; did you mean '{close[0]}'?" if close else f"; valid top-level keys: {', '.join(valid)}"
             raise ConfigError(f"unknown key '{key}'{where}{hint}")
+        if key in parts.absent and user[key]:
+            raise ConfigError(f"section '{key}'{where} does not apply: {parts.absent[key]}")
 
 
-def check_model_kwargs(model_cfg: Mapping[str, Any], where: str = "") -> None:
-    """Validate ``policy.model`` against the model class's constructor signature."""
-    from nervex.utils import MODEL_REGISTRY
-
-    importlib.import_module("nervex.model")
-    model_type = model_cfg.get("model_type")
-    if model_type is None:
-        return
-    cls = _lookup(MODEL_REGISTRY, model_type, "policy.model.model_type", where)
-    params = inspect.signature(cls.__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    valid = [n for n in params if n != "self"]
-    for key in model_cfg:
-        if key != "model_type" and key not in valid:
-            close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
-            hint = f"; did you mean 'policy.model.{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
-            raise ConfigError(f"unknown key 'policy.model.{key}'{where} for model '{model_type}'{hint}")
-
-
-def section_defaults() -> Dict[str, Dict[str, Any]]:
-    """The defaults of the sections whose class does not depend on the user's choice."""
-    from nervex.data import PrioritizedBuffer
-    from nervex.worker.actor import SerialActor, SerialEvaluator
-    from nervex.worker.learner import BaseLearner
-
-    return dict(
-        replay_buffer=PrioritizedBuffer.config,
-        learner=BaseLearner.config,
-        actor=SerialActor.config,
-        evaluator=SerialEvaluator.config,
-    )
-
-
-def compile_config(cfg: Mapping[str, Any], source: Optional[str] = None) -> EasyDict:
+def compile_config(
+    cfg: Mapping[str, Any], parts: Optional[ConfigParts] = None, source: Optional[str] = None
+) -> EasyDict:
     """Merge a user config onto the defaults of every part it names, and validate it.
 
     Args:
         cfg: The user's config (as ``read_config`` returns it, or a plain dict).
+        parts: The parts the config will build. None asks the serial entry for them
+            (``nervex.entry.builder.config_parts``), which resolves the policy, env, env manager and buffer the config
+            names (importing ``policy.import_names`` / ``env.import_names`` first).
         source: The file it came from, for messages (taken from ``cfg`` when ``read_config`` made it).
 
     Returns:
-        The full config as an EasyDict: every key present, every value of the declared type.
+        The full config as an EasyDict: every key present, every value of the declared type and range.
 
     Raises:
-        ConfigError: an unknown key, a value of the wrong type, or an unknown ``policy_type``/``env_type``/
-            ``manager_type``/``model_type``; the message names the dotted key and suggests the nearest valid one.
+        ConfigError: an unknown key, a value of the wrong type or out of range, or an unknown registered name; the
+            message names the dotted key (and the file) and suggests the nearest valid key.
     """
-    from nervex.envs import get_env_cls
-    from nervex.utils import ENV_MANAGER_REGISTRY, POLICY_REGISTRY
-
-    importlib.import_module("nervex.policy")
-    importlib.import_module("nervex.envs")
-    importlib.import_module("nervex.worker.actor.env_manager")
     source = source or config_source(cfg)
+    if parts is None:
+        from nervex.entry.builder import config_parts  # the serial entry assembles the parts it will build
+
+        parts = config_parts(cfg, source)
     where = f" in {os.path.basename(source)}" if source else ""
     user = to_plain(cfg)
-    _check_top_level(user, where)
-    out: Dict[str, Any] = validate_merge(TOP_LEVEL_DEFAULTS, {k: v for k, v in user.items() if k not in SECTIONS})
-
-    env_user = user.get("env") or {}
-    env_type = env_user.get("env_type", "gym")
-    try:
-        env_cls = get_env_cls(env_type)  # imports app_zoo once for a name it does not know yet
-    except KeyError as e:
-        raise ConfigError(f"{e.args[0]} (key 'env.env_type'{where})") from None
-    manager_cls = _lookup(
-        ENV_MANAGER_REGISTRY,
-        env_user.get("manager_type", ENV_PIPELINE_DEFAULTS["manager_type"]),
-        "env.manager_type",
-        where,
-    )
-    env_defaults = dict(ENV_PIPELINE_DEFAULTS, manager=dict(manager_cls.config), **getattr(env_cls, "config", {}))
-    out["env"] = validate_merge(env_defaults, env_user, "env", source)
-
-    policy_user = user.get("policy") or {}
-    if "policy_type" not in policy_user:
-        raise ConfigError(
-            f"key 'policy.policy_type'{where} is required; registered policies: {', '.join(POLICY_REGISTRY.names())}"
+    _check_top_level(user, parts, where)
+    out: Dict[str, Any] = validate_merge(parts.top, {k: v for k, v in user.items() if k in parts.top}, "", source)
+    for name, part in parts.sections.items():
+        out[name] = validate_merge(
+            declared_defaults(part), user.get(name) or {}, name, source, open_keys=name in parts.open_sections
         )
-    policy_cls = _lookup(POLICY_REGISTRY, policy_user["policy_type"], "policy.policy_type", where)
-    out["policy"] = validate_merge(policy_cls.config, policy_user, "policy", source)
-    default_model_type = getattr(policy_cls, "default_model_type", None)
-    if default_model_type and "model_type" not in out["policy"].setdefault("model", {}):
-        out["policy"]["model"]["model_type"] = default_model_type
-    check_model_kwargs(out["policy"].get("model", {}), where)
-
-    for name, defaults in section_defaults().items():
-        out[name] = validate_merge(defaults, user.get(name) or {}, name, source)
+    for check in parts.checks:
+        check(out, where)
     result = EasyDict(out)
     object.__setattr__(result, "_compiled", True)
     if source:
         object.__setattr__(result, "_source", source)
     return result
+
+
+def compile_section(
+    part: Any, cfg: Optional[Mapping[str, Any]], path: str, open_keys: bool = False, source: Optional[str] = None
+) -> EasyDict:
+    """Validate one section for the class that is being built with it (its ``config`` or a defaults mapping).
+
+    Every configurable class calls this on the section it receives, so a class built directly (not through
+    ``compile_config``) still refuses an unknown key or an out-of-range value, naming ``path.key``.
+    """
+    return EasyDict(validate_merge(declared_defaults(part), cfg or {}, path, source, open_keys=open_keys))
+
+
+def is_compiled(cfg: Any) -> bool:
+    """Whether ``cfg`` came out of ``compile_config``."""
+    return bool(getattr(cfg, "_compiled", False))
+
+
+__all__ = ["ConfigParts", "compile_config", "compile_section", "declared_defaults", "is_compiled", "TOP_LEVEL_DEFAULTS"]

@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import yaml
 from easydict import EasyDict
 
+from .field import Field, plain_defaults
+
 # A default that is an empty dict marks a free-form section (e.g. ``env_kwargs``): any keys are accepted there.
 FREE_FORM: Dict[str, Any] = {}
 
@@ -104,6 +106,16 @@ def _coerce_number(value: Any, default: Any, path: str, where: str) -> Any:
 
 
 def _check_value(value: Any, default: Any, path: str, where: str) -> Any:
+    if isinstance(default, Field):
+        if value is None:
+            if not default.nullable:
+                raise ConfigError(f"key '{path}'{where} must not be null; it expects {_expected(default)}")
+            return None
+        value = _check_value(value, default.type_example(), path, where)
+        problem = default.violation(value)
+        if problem:
+            raise ConfigError(f"key '{path}'{where} {problem}, got {value!r}")
+        return value
     if default is None or value is None:
         return value
     if isinstance(default, bool):
@@ -123,45 +135,72 @@ def _check_value(value: Any, default: Any, path: str, where: str) -> Any:
     return value
 
 
+def _expected(field: Field) -> str:
+    example = field.type_example()
+    kind = "a value" if example is None else f"a {type(example).__name__}"
+    rule = field.describe()
+    return f"{kind}{' ' + rule if rule else ''}"
+
+
+# Keys that moved: an old config gets told where the key went instead of "unknown key".
+RENAMED_KEYS: Dict[str, str] = {
+    "policy.learn.train_iteration": "policy.learn.update_per_collect",
+    "policy.model.model_type": "policy.model_type",
+}
+
+
+def _unknown_key_message(key: Any, full: str, path: str, valid: List[str], where: str) -> str:
+    if full in RENAMED_KEYS:
+        return f"key '{full}'{where} was renamed to '{RENAMED_KEYS[full]}'"
+    msg = f"unknown key '{full}'{where}"
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+    if close:
+        return msg + f"; did you mean '{f'{path}.{close[0]}' if path else close[0]}'?"
+    return msg + f"; valid keys{' under ' + repr(path) if path else ''}: {', '.join(sorted(valid))}"
+
+
 def validate_merge(
-    defaults: Mapping[str, Any], user: Mapping[str, Any], path: str = "", source: Optional[str] = None
+    defaults: Mapping[str, Any],
+    user: Mapping[str, Any],
+    path: str = "",
+    source: Optional[str] = None,
+    open_keys: bool = False,
 ) -> Dict[str, Any]:
-    """Merge ``user`` onto ``defaults``, rejecting unknown keys and values of the wrong type.
+    """Merge ``user`` onto ``defaults``, rejecting unknown keys and values of the wrong type or range.
 
     Args:
-        defaults: The declared defaults. An empty dict accepts any keys (free-form section).
+        defaults: The declared defaults (values or ``Field``s). An empty dict accepts any keys (free-form section).
         user: What the user wrote.
         path: Dotted path of this level, for messages.
         source: The file the user's config came from, for messages.
+        open_keys: Accept keys the defaults do not declare (copied as they are) while still checking the declared
+            ones: the section of a class that declares no defaults of its own.
 
     Returns:
-        The merged mapping as a plain dict.
+        The merged mapping as a plain dict (no ``Field`` left).
 
     Raises:
-        ConfigError: an unknown key (with the nearest valid key suggested) or a value of the wrong type.
+        ConfigError: an unknown key (with the nearest valid key suggested), a value of the wrong type, or a value
+            outside its declared range; the message names the dotted key.
     """
     where = f" in {os.path.basename(source)}" if source else ""
     if not isinstance(user, Mapping):
         raise ConfigError(f"key '{path}'{where} expects a mapping, got {_type_name(user)} {user!r}")
     if not defaults:
-        return copy.deepcopy(dict(user))
-    out = to_plain(defaults)  # tuples in declared defaults become lists, as YAML would give them
+        return copy.deepcopy(to_plain(dict(user)))
+    out = plain_defaults(defaults)
     for key, value in user.items():
         full = f"{path}.{key}" if path else str(key)
         if key not in defaults:
-            valid = [str(k) for k in defaults]
-            msg = f"unknown key '{full}'{where}"
-            close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
-            if close:
-                msg += f"; did you mean '{f'{path}.{close[0]}' if path else close[0]}'?"
-            else:
-                msg += f"; valid keys{' under ' + repr(path) if path else ''}: {', '.join(sorted(valid))}"
-            raise ConfigError(msg)
+            if open_keys:
+                out[key] = copy.deepcopy(to_plain(value))
+                continue
+            raise ConfigError(_unknown_key_message(key, full, path, [str(k) for k in defaults], where))
         default = defaults[key]
         if isinstance(default, Mapping) and value is not None:
-            out[key] = validate_merge(default, value, full, source)
+            out[key] = validate_merge(default, value, full, source, open_keys)
         else:
-            out[key] = _check_value(copy.deepcopy(value), default, full, where)
+            out[key] = _check_value(copy.deepcopy(to_plain(value)), default, full, where)
     return out
 
 

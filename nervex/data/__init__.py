@@ -7,13 +7,14 @@
 """
 
 from .async_loader import AsyncDataLoader
-from .buffer import BaseBuffer, PrioritizedBuffer, ReplayBuffer
+from .buffer import BUFFER_REGISTRY, BaseBuffer, PrioritizedBuffer, ReplayBuffer
 from .collate import collate
 from .offline import OfflineDataLoader, OfflineDataset, TrajectoryWriter
 from .tree import MinTree, SumTree
 
 __all__ = [
     "PrioritizedBuffer",
+    "BUFFER_REGISTRY",
     "ReplayBuffer",
     "BaseBuffer",
     "AsyncDataLoader",

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from nervex.config import Field, signature_config
+from nervex.utils import Registry
+
 from .replay_core import BaseBuffer
 
-__all__ = ["BaseBuffer", "PrioritizedBuffer", "ReplayBuffer"]
+__all__ = ["BaseBuffer", "PrioritizedBuffer", "ReplayBuffer", "BUFFER_REGISTRY"]
 
 
 class PrioritizedBuffer(BaseBuffer):
@@ -42,20 +45,6 @@ class PrioritizedBuffer(BaseBuffer):
         >>> buffer.update(np.array([0.5, 1.0, 2.0, 0.1]))
     """
 
-    config = dict(
-        maxlen=10000,
-        alpha=0.6,
-        beta=0.4,
-        beta_anneal_steps=0,
-        eps=1e-6,
-        max_use=None,
-        max_staleness=None,
-        samples_per_insert=None,
-        compress_fields=(),
-        enable_priority=True,
-        seed=None,
-    )
-
     def __init__(
         self,
         maxlen: int = 10000,
@@ -84,6 +73,20 @@ class PrioritizedBuffer(BaseBuffer):
             seed,
         )
 
+    # the defaults are the constructor's (declared once); the config system checks these ranges with the dotted key
+    config = signature_config(
+        __init__,
+        maxlen=Field(..., ge=1),
+        alpha=Field(..., ge=0),
+        beta=Field(..., ge=0, le=1),
+        beta_anneal_steps=Field(..., ge=0),
+        eps=Field(..., gt=0),
+        max_use=Field(..., ge=1, kind="int"),
+        max_staleness=Field(..., ge=0, kind="int"),
+        samples_per_insert=Field(..., gt=0, kind="number"),
+        seed=Field(..., ge=0, kind="int"),
+    )
+
 
 class ReplayBuffer(BaseBuffer):
     """Uniform replay (with replacement) on the same columnar storage; ``weight`` is always 1.
@@ -91,15 +94,6 @@ class ReplayBuffer(BaseBuffer):
     Args:
         maxlen, max_use, max_staleness, samples_per_insert, compress_fields, seed: As ``PrioritizedBuffer``.
     """
-
-    config = dict(
-        maxlen=10000,
-        max_use=None,
-        max_staleness=None,
-        samples_per_insert=None,
-        compress_fields=(),
-        seed=None,
-    )
 
     def __init__(
         self,
@@ -119,3 +113,17 @@ class ReplayBuffer(BaseBuffer):
             compress_fields=compress_fields,
             seed=seed,
         )
+
+    config = signature_config(
+        __init__,
+        maxlen=Field(..., ge=1),
+        max_use=Field(..., ge=1, kind="int"),
+        max_staleness=Field(..., ge=0, kind="int"),
+        samples_per_insert=Field(..., gt=0, kind="number"),
+        seed=Field(..., ge=0, kind="int"),
+    )
+
+
+BUFFER_REGISTRY = Registry("replay buffer")
+BUFFER_REGISTRY.register("prioritized", PrioritizedBuffer)
+BUFFER_REGISTRY.register("uniform", ReplayBuffer)

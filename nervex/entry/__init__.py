@@ -1,4 +1,26 @@
+from .builder import (
+    config_parts,
+    make_actor,
+    make_buffer,
+    make_env_managers,
+    make_evaluator,
+    make_learner,
+    make_policy,
+)
 from .callbacks import DefaultCallbacks
-from .serial_entry import SerialTrainer, serial_pipeline
+from .serial_entry import SerialTrainer, load_policy, serial_eval, serial_pipeline
 
-__all__ = ["serial_pipeline", "SerialTrainer", "DefaultCallbacks"]
+__all__ = [
+    "serial_pipeline",
+    "serial_eval",
+    "load_policy",
+    "SerialTrainer",
+    "DefaultCallbacks",
+    "config_parts",
+    "make_env_managers",
+    "make_policy",
+    "make_buffer",
+    "make_learner",
+    "make_actor",
+    "make_evaluator",
+]

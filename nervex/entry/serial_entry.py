@@ -1,41 +1,33 @@
 """Serial training: every part in one process (envs may still run in subprocesses).
 
-``SerialTrainer`` wires env managers, policy, learner, actor, replay buffer and evaluator together from one
-config; ``serial_pipeline`` runs it to the end. The loop of one training iteration (``SerialTrainer.train``) is:
+``SerialTrainer`` builds a run from one config with the builder's ``make_*`` functions and reads the policy only
+through its training contract (``Policy.contract``) and its four modes. One iteration (``SerialTrainer.train``):
 
-    setting = policy.command_mode.get_setting_collect(...)      # e.g. epsilon for this env step
-    samples = actor.generate_data(n_sample, setting)             # transitions -> train samples (Adder)
-    buffer.extend(samples)
-    for _ in range(train_iteration):
-        info = learner.train(buffer.sample(batch_size)); buffer.update(info['priority'])
+    setting = policy.command_mode.get_setting_collect(progress)      # e.g. epsilon for this env step
+    samples = actor.collect(contract.collect, setting)               # the contract's unit: samples, rollout, episodes
+    off-policy: buffer.extend(samples); update_per_collect x learner.train(buffer.sample(batch_size))
+    on-policy:  epoch_per_collect x (shuffled minibatches of the rollout) -> learner.train(minibatch)
     if it is time: evaluator.eval() -> stop once the mean return reaches stop_val
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import time
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
-import numpy as np
 import torch
 from easydict import EasyDict
 
-from nervex.config import compile_config, save_config
-from nervex.data import PrioritizedBuffer, ReplayBuffer
-from nervex.envs import ENV_PIPELINE_KEYS
-from nervex.policy import create_policy, set_seed
-from nervex.torch_utils import collate
-from nervex.utils import ENV_MANAGER_REGISTRY, ENV_REGISTRY, MODEL_REGISTRY
+from nervex.config import compile_config, is_compiled, read_config, save_config
+from nervex.policy import set_seed
+from nervex.torch_utils import collate, load_checkpoint
 from nervex.utils.log_helper import CsvWriter, ScalarWriter, build_logger, close_logger
-from nervex.worker.actor import SerialActor, SerialEvaluator, eval_episodes_per_env
-from nervex.worker.learner import BaseLearner
 
+from .builder import make_actor, make_buffer, make_env_managers, make_evaluator, make_learner, make_policy
 from .callbacks import DefaultCallbacks
 
-EVAL_SEED_OFFSET = 100_000  # evaluator envs are seeded apart from every collector env
 EVAL_CSV_FIELDS = [
     "env_step",
     "train_iter",
@@ -54,22 +46,13 @@ def default_exp_name(cfg: Mapping[str, Any], seed: int) -> str:
     return f"{env}__{cfg['policy']['policy_type']}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def fill_model_from_env(model_cfg: Dict[str, Any], env_info: Any) -> None:
-    """Fill ``obs_dim``/``obs_shape``/``action_dim`` of the model config from the env's spaces when left out."""
-    cls = MODEL_REGISTRY.get(model_cfg["model_type"])
-    params = inspect.signature(cls.__init__).parameters
-    obs_shape = tuple(env_info.obs_space.shape or ())
-    act_space = env_info.act_space
-    if "obs_dim" in params and model_cfg.get("obs_dim") is None:
-        model_cfg["obs_dim"] = int(np.prod(obs_shape)) if len(obs_shape) <= 1 else list(obs_shape)
-    if "obs_shape" in params and model_cfg.get("obs_shape") is None:
-        model_cfg["obs_shape"] = list(obs_shape)
-    if "action_dim" in params and model_cfg.get("action_dim") is None:
-        model_cfg["action_dim"] = int(act_space.n) if hasattr(act_space, "n") else int(np.prod(act_space.shape))
-
-
-def _is_compiled(cfg: Any) -> bool:
-    return bool(getattr(cfg, "_compiled", False))
+def index_batch(batch: Any, index: torch.Tensor) -> Any:
+    """Rows ``index`` of every tensor in a (nested) batch dict; other values pass through."""
+    if isinstance(batch, torch.Tensor):
+        return batch[index]
+    if isinstance(batch, Mapping):
+        return {k: index_batch(v, index) for k, v in batch.items()}
+    return batch
 
 
 class SerialTrainer:
@@ -77,8 +60,8 @@ class SerialTrainer:
 
     Args:
         cfg: A user config (compiled here) or a compiled one.
-        seed: Overrides ``cfg.seed``. Seeds Python, NumPy, torch, collector env ``i`` (``seed + i``) and evaluator
-            env ``i`` (``seed + 100000 + i``).
+        seed: Overrides ``cfg.seed``. Seeds Python, NumPy, torch, collector env ``i`` (``seed + i``), evaluator
+            env ``i`` (``seed + 100000 + i``), random warm-up actions and minibatch shuffling.
         exp_name: Run directory name under ``run_root`` (default: ``cfg.exp_name`` or ``{env}__{policy}__{seed}__{time}``).
         callbacks: An object with any of ``on_episode_start/step/end``, ``on_sample_end``, ``on_learn_on_batch``,
             ``on_train_result`` (see ``DefaultCallbacks``).
@@ -99,7 +82,7 @@ class SerialTrainer:
         callbacks: Optional[Any] = None,
         run_root: str = "runs",
     ) -> None:
-        cfg = cfg if _is_compiled(cfg) else compile_config(cfg)
+        cfg = cfg if is_compiled(cfg) else compile_config(cfg)
         cfg = EasyDict(cfg)
         if seed is not None:
             cfg.seed = int(seed)
@@ -130,41 +113,15 @@ class SerialTrainer:
 
     # ---- construction ----------------------------------------------------------------------------------------
     def _build(self, cfg: EasyDict) -> None:
-        env_cls = ENV_REGISTRY.get(cfg.env.env_type)
-        env_cfg = {k: v for k, v in cfg.env.items() if k not in ENV_PIPELINE_KEYS}
-        probe = env_cls(env_cfg)
-        self.env_info = probe.info()
-        probe.close()
-        fill_model_from_env(cfg.policy.model, self.env_info)
-        manager_cls = ENV_MANAGER_REGISTRY.get(cfg.env.manager_type)
-        collector_env = manager_cls(env_cls, env_cfg, cfg.env.collector_env_num, **cfg.env.manager)
-        self._env_managers.append(collector_env)
-        collector_env.seed(self.seed)
-        n_eval_env = max(1, min(cfg.env.evaluator_env_num, cfg.evaluator.n_episode))
-        # an env class may play evaluation differently (e.g. Atari: whole games instead of lives)
-        eval_env_cfg = {**env_cfg, **getattr(env_cls, "eval_overrides", {})}
-        evaluator_env = manager_cls(
-            env_cls,
-            eval_env_cfg,
-            n_eval_env,
-            episode_num=eval_episodes_per_env(cfg.evaluator.n_episode, n_eval_env),
-            **cfg.env.manager,
-        )
-        self._env_managers.append(evaluator_env)
-        evaluator_env.seed(self.seed + EVAL_SEED_OFFSET)
-        self.policy = create_policy(cfg.policy)
-        self.learner = BaseLearner(cfg.learner, self.policy.learn_mode, self.run_dir, self.logger, self.scalar_writer)
-        self.actor = SerialActor(
-            cfg.actor,
-            collector_env,
-            self.policy.collect_mode,
-            callbacks=_ActorCallbacks(self),
-            data_writer=self._make_data_writer(cfg.actor.save_data),
-        )
-        self.evaluator = SerialEvaluator(cfg.evaluator, evaluator_env, self.policy.eval_mode)
-        self.on_policy = bool(getattr(self.policy, "on_policy", False))
-        buffer_cls = PrioritizedBuffer if cfg.policy.get("priority", False) else ReplayBuffer
-        self.buffer = None if self.on_policy else _build_buffer(buffer_cls, cfg.replay_buffer, self.seed)
+        collector_env, evaluator_env, self.env_info = make_env_managers(cfg, self.seed)
+        self._env_managers += [collector_env, evaluator_env]
+        self.policy = make_policy(cfg, self.env_info)
+        self.contract = type(self.policy).contract(self.policy.cfg)
+        self.learner = make_learner(cfg, self.policy, self.run_dir, self.logger, self.scalar_writer)
+        self.actor = make_actor(cfg, collector_env, self.policy, self.seed, callbacks=_ActorCallbacks(self))
+        self.evaluator = make_evaluator(cfg, evaluator_env, self.policy)
+        self.buffer = make_buffer(cfg, self.contract, self.seed)
+        self._shuffle = torch.Generator().manual_seed(self.seed)  # on-policy minibatch order
         self.eval_csv = CsvWriter(os.path.join(self.run_dir, "eval.csv"), EVAL_CSV_FIELDS)
         self._loader: Optional[Any] = None  # AsyncDataLoader when learner.prefetch > 0, made at the first batch
         self.learner.call_hook("before_run")  # may resume from learner.hook.load_ckpt
@@ -177,14 +134,6 @@ class SerialTrainer:
         self._last_log_step = self.actor.env_step
         self._logged_restarts = 0
 
-    @staticmethod
-    def _make_data_writer(path: str) -> Optional[Any]:
-        if not path:
-            return None
-        from nervex.data import TrajectoryWriter
-
-        return TrajectoryWriter(path)
-
     # ---- the loop --------------------------------------------------------------------------------------------
     @property
     def env_step(self) -> int:
@@ -192,55 +141,85 @@ class SerialTrainer:
 
     @property
     def train_iter(self) -> int:
+        """Gradient steps taken so far."""
         return self.learner.last_iter
+
+    def command_info(self) -> Dict[str, Any]:
+        """The progress the command mode turns into settings (``learner_step`` is nerveX's name of ``train_iter``)."""
+        return {
+            "env_step": self.env_step,
+            "train_iter": self.train_iter,
+            "learner_step": self.train_iter,
+            "max_env_step": int(self.cfg.max_env_step),
+            "max_train_iter": int(self.cfg.max_train_iter),
+        }
 
     def train(self) -> Dict[str, Any]:
         """Run one iteration (collect, learn, maybe evaluate) and return its figures."""
         if self._closed:
             raise RuntimeError("this SerialTrainer is closed")
-        cfg = self.cfg
-        setting = self.policy.command_mode.get_setting_collect(
-            {"env_step": self.env_step, "train_iter": self.train_iter}
-        )
-        samples = self.actor.generate_data(cfg.policy.collect.n_sample, setting)
+        command = self.policy.command_mode
+        setting = command.get_setting_collect(self.command_info())
+        learn = self.contract.learn
+        warmup = learn.random_warmup and self.env_step < learn.learning_starts
+        samples = self.actor.collect(self.contract.collect, setting, random_action=warmup)
         self.callbacks.on_sample_end(self, samples)
-        learn_info = self._learn(samples)
+        learn_setting = command.get_setting_learn(self.command_info())
+        if self.contract.on_policy:
+            learn_info = self._learn_on_policy(samples, learn_setting)
+        else:
+            learn_info = self._learn_off_policy(samples, learn_setting)
         result: Dict[str, Any] = {"env_step": self.env_step, "train_iter": self.train_iter}
         result.update({k: v for k, v in setting.items() if isinstance(v, (int, float))})
         result.update(self.actor.stats())
-        if learn_info:
-            result["train/loss"] = learn_info.get("total_loss")
-        result.update(self._maybe_eval())
+        result.update({f"train/{k}" if k != "total_loss" else "train/loss": v for k, v in learn_info.items()})
+        result.update(self._maybe_eval(command.get_setting_eval(self.command_info())))
         self._check_limits()
         result["stop"] = self.stopped
         self._log(result)
         self.callbacks.on_train_result(self, result)
         return result
 
-    def _learn(self, samples: list) -> Dict[str, Any]:
-        learn = self.cfg.policy.learn
-        info: Dict[str, Any] = {}
-        if self.on_policy:
-            batch = collate(samples)
-            for _ in range(learn.train_iteration):
-                info = self.learner.train(batch, self.env_step)
-                self.callbacks.on_learn_on_batch(self, batch, info)
-            return info
+    def _learn_on_policy(self, samples: List[Dict[str, Any]], setting: Dict[str, Any]) -> Dict[str, float]:
+        """``epoch_per_collect`` shuffled passes of minibatches over the rollout; figures averaged over the phase."""
+        if not samples:
+            return {}
+        batch = collate(samples)
+        n = len(samples)
+        size = self.contract.learn.batch_size or n
+        sums: Dict[str, float] = {}
+        steps = 0
+        for _ in range(self.contract.learn.epoch_per_collect):
+            order = torch.randperm(n, generator=self._shuffle)
+            for start in range(0, n, size):
+                minibatch = index_batch(batch, order[start : start + size])
+                info = self.learner.train(minibatch, self.env_step, setting)
+                self.callbacks.on_learn_on_batch(self, minibatch, info)
+                _accumulate(sums, info)
+                steps += 1
+        return {k: v / steps for k, v in sums.items()}
+
+    def _learn_off_policy(self, samples: List[Dict[str, Any]], setting: Dict[str, Any]) -> Dict[str, float]:
+        learn = self.contract.learn
         self.buffer.extend(samples, learner_iter=self.train_iter)
-        if self.env_step < learn.get("learning_starts", 0) or len(self.buffer) < learn.batch_size:
-            return info
-        for _ in range(learn.train_iteration):
+        if self.env_step < learn.learning_starts or len(self.buffer) < learn.batch_size:
+            return {}
+        sums: Dict[str, float] = {}
+        steps = 0
+        for _ in range(learn.update_per_collect):
             batch = self._next_batch(learn.batch_size)
             if batch is None:
                 break
-            info = self.learner.train(batch, self.env_step)
+            info = self.learner.train(batch, self.env_step, setting)
             self.callbacks.on_learn_on_batch(self, batch, info)
-            if "priority" in info and isinstance(self.buffer, PrioritizedBuffer):
-                self.buffer.update(info["priority"])
-        return info
+            if "priority" in info:
+                self.buffer.update(info["priority"], unique_id=batch["unique_id"])
+            _accumulate(sums, info)
+            steps += 1
+        return {k: v / steps for k, v in sums.items()} if steps else {}
 
     def _next_batch(self, batch_size: int) -> Optional[Dict[str, Any]]:
-        prefetch = int(self.cfg.learner.get("prefetch", 0))
+        prefetch = int(self.cfg.learner.prefetch)
         if prefetch <= 0:
             return self.buffer.sample(batch_size, learner_iter=self.train_iter)
         if self._loader is None:
@@ -255,10 +234,10 @@ class SerialTrainer:
             )
         return next(self._loader)
 
-    def _maybe_eval(self) -> Dict[str, Any]:
+    def _maybe_eval(self, setting: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         if not self.evaluator.should_eval(self.env_step):
             return {}
-        res = self.evaluator.eval(self.train_iter, self.env_step)
+        res = self.evaluator.eval(self.train_iter, self.env_step, setting)
         self.last_eval = res
         wall = time.time() - self._start_time
         self.eval_csv.write(
@@ -363,9 +342,10 @@ class SerialTrainer:
     def compute_single_action(self, obs: Any, explore: bool = False) -> Any:
         """The action the trained policy takes for one observation (greedy unless ``explore``)."""
         if explore:
-            setting = self.policy.command_mode.get_setting_collect({"env_step": self.env_step})
+            setting = self.policy.command_mode.get_setting_collect(self.command_info())
             return self.policy.collect_mode.forward([0], {0: obs}, **setting)[0]["action"]
-        return self.policy.eval_mode.forward([0], {0: obs})[0]["action"]
+        setting = self.policy.command_mode.get_setting_eval(self.command_info())
+        return self.policy.eval_mode.forward([0], {0: obs}, **setting)[0]["action"]
 
     def close(self) -> None:
         """Save the final checkpoint, stop every env process and close the logs; safe to call twice."""
@@ -399,13 +379,12 @@ class SerialTrainer:
             pass
 
 
-def _build_buffer(buffer_cls: type, buffer_cfg: Mapping[str, Any], seed: int) -> Any:
-    kwargs = dict(buffer_cfg)
-    params = inspect.signature(buffer_cls.__init__).parameters
-    if "seed" in params and kwargs.get("seed") is None:
-        kwargs["seed"] = seed
-    kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return buffer_cls(**kwargs)
+def _accumulate(sums: Dict[str, float], info: Mapping[str, Any]) -> None:
+    for key, value in info.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            sums[key] = sums.get(key, 0.0) + float(value)
+        elif isinstance(value, torch.Tensor) and value.dim() == 0:
+            sums[key] = sums.get(key, 0.0) + float(value)
 
 
 class _ActorCallbacks:
@@ -445,4 +424,67 @@ def serial_pipeline(
     return trainer.policy
 
 
-__all__ = ["SerialTrainer", "serial_pipeline", "default_exp_name", "fill_model_from_env"]
+def run_config_of(checkpoint: str) -> str:
+    """The resolved ``config.yaml`` of the run a checkpoint belongs to (``runs/<name>/ckpt/x.pt``)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(checkpoint))), "config.yaml")
+
+
+def load_policy(
+    checkpoint: str, cfg: Optional[Mapping[str, Any]] = None, enable_field: Any = ("eval",)
+) -> Any:
+    """A policy with only the modes it is asked for (eval by default), its state loaded from a checkpoint.
+
+    Any checkpoint a learner wrote (``best.pt``, ``final.pt``, ``iteration_N.pt``) loads into any mode: the policy
+    state has one format for all of them.
+
+    Args:
+        checkpoint: The checkpoint file.
+        cfg: The run's config (default: ``config.yaml`` of the run directory the checkpoint is in).
+        enable_field: The modes to build, e.g. ``('collect',)`` for an actor.
+
+    Returns:
+        The policy (``policy.eval_mode.forward([0], {0: obs})[0]['action']`` acts).
+    """
+    state = load_checkpoint(checkpoint)
+    cfg = cfg if cfg is not None else read_config(run_config_of(checkpoint))
+    cfg = cfg if is_compiled(cfg) else compile_config(cfg)
+    from nervex.envs import create_env
+
+    probe = create_env(cfg.env)
+    env_info = probe.info()
+    probe.close()
+    policy = make_policy(cfg, env_info, enable_field=list(enable_field))
+    mode = getattr(policy, f"{enable_field[0]}_mode")
+    mode.load_state_dict(state["policy"])
+    return policy
+
+
+def serial_eval(
+    checkpoint: str,
+    cfg: Optional[Mapping[str, Any]] = None,
+    seed: int = 0,
+    n_episode: Optional[int] = None,
+) -> Dict[str, Any]:
+    """Evaluate a checkpoint with an eval-only policy on fresh evaluator envs; return the evaluator's figures."""
+    cfg = cfg if cfg is not None else read_config(run_config_of(checkpoint))
+    cfg = EasyDict(cfg if is_compiled(cfg) else compile_config(cfg))
+    if n_episode is not None:
+        cfg.evaluator.n_episode = int(n_episode)
+    set_seed(seed)
+    policy = load_policy(checkpoint, cfg)
+    _, evaluator_env, _ = make_env_managers(cfg, seed, evaluator=True, collector=False)
+    evaluator = make_evaluator(cfg, evaluator_env, policy)
+    try:
+        return evaluator.eval()
+    finally:
+        evaluator.close()
+
+
+__all__ = [
+    "SerialTrainer",
+    "serial_pipeline",
+    "serial_eval",
+    "load_policy",
+    "default_exp_name",
+    "index_batch",
+]

@@ -12,7 +12,7 @@ from nervex.utils.registry import ENV_REGISTRY
 from .base_env import BaseEnv
 
 # keys of a compiled ``env`` config section that belong to the pipeline, not to the env class
-ENV_PIPELINE_KEYS = ("env_type", "manager_type", "collector_env_num", "evaluator_env_num", "manager")
+ENV_PIPELINE_KEYS = ("env_type", "import_names", "manager_type", "collector_env_num", "evaluator_env_num", "manager")
 
 
 def get_env_cls(name: str) -> type:

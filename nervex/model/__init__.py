@@ -8,6 +8,7 @@ from nervex.utils import MODEL_REGISTRY
 
 from .discrete_net import ConvDiscreteNet, FCDiscreteNet
 from .head import DiscreteHead
+from .value_ac import ConvValueAC, ValueAC
 
 
 def create_model(model_type: str, **kwargs: Any) -> nn.Module:
@@ -26,4 +27,4 @@ def create_model(model_type: str, **kwargs: Any) -> nn.Module:
     return MODEL_REGISTRY.build(model_type, **kwargs)
 
 
-__all__ = ["FCDiscreteNet", "ConvDiscreteNet", "DiscreteHead", "create_model"]
+__all__ = ["FCDiscreteNet", "ConvDiscreteNet", "DiscreteHead", "ValueAC", "ConvValueAC", "create_model"]

@@ -8,7 +8,8 @@ from typing import Dict, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from nervex.torch_utils import MLP, conv2d_block, fc_block
+from nervex.torch_utils import MLP
+from nervex.torch_utils.network import nature_cnn
 from nervex.utils import MODEL_REGISTRY
 
 from .head import DiscreteHead
@@ -75,12 +76,6 @@ class FCDiscreteNet(nn.Module):
         return {"logit": self.head(self.encoder(x))}
 
 
-def _nature_conv_out(size: int) -> int:
-    for kernel, stride in ((8, 4), (4, 2), (3, 1)):
-        size = (size - kernel) // stride + 1
-    return size
-
-
 class ConvDiscreteNet(nn.Module):
     """The Nature-DQN Q-network (Mnih et al. 2015): three conv layers, one hidden FC layer, Q-value per action.
 
@@ -101,20 +96,7 @@ class ConvDiscreteNet(nn.Module):
         self.obs_shape = _as_shape(obs_shape, "ConvDiscreteNet obs_shape")
         if len(self.obs_shape) != 3:
             raise ValueError(f"ConvDiscreteNet obs_shape must be (C, H, W), got {tuple(obs_shape)}")
-        channels, height, width = self.obs_shape
-        out_h, out_w = _nature_conv_out(height), _nature_conv_out(width)
-        if out_h < 1 or out_w < 1:
-            raise ValueError(
-                f"ConvDiscreteNet obs_shape {self.obs_shape} is too small for the 8x8/4, 4x4/2, 3x3/1 encoder; "
-                "H and W must be at least 36"
-            )
-        self.encoder = nn.Sequential(
-            conv2d_block(channels, 32, 8, stride=4),
-            conv2d_block(32, 64, 4, stride=2),
-            conv2d_block(64, 64, 3, stride=1),
-            nn.Flatten(),
-            fc_block(64 * out_h * out_w, int(hidden_size)),
-        )
+        self.encoder = nature_cnn(self.obs_shape, int(hidden_size), owner="ConvDiscreteNet")
         self.head = DiscreteHead(int(hidden_size), action_dim, dueling)
 
     def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:

@@ -1,4 +1,46 @@
-from .base_policy import CommonPolicy, Policy, create_policy, register_policy, set_seed
-from .dqn import DQNPolicy
+"""Policies: the base classes, the training contract, the registry and one file per algorithm."""
 
-__all__ = ["Policy", "CommonPolicy", "register_policy", "create_policy", "set_seed", "DQNPolicy"]
+from .a2c import A2CPolicy
+from .base_policy import (
+    CollectMode,
+    CommandMode,
+    EvalMode,
+    LearnMode,
+    Policy,
+    create_policy,
+    register_policy,
+    set_seed,
+)
+from .common_policy import CommonPolicy, standard_transition
+from .contract import (
+    OFF_POLICY_CONFIG,
+    ON_POLICY_CONFIG,
+    POLICY_BASE_CONFIG,
+    CollectSpec,
+    LearnSpec,
+    TrainingContract,
+)
+from .dqn import DQNPolicy
+from .ppo import PPOPolicy
+
+__all__ = [
+    "Policy",
+    "CommonPolicy",
+    "standard_transition",
+    "register_policy",
+    "create_policy",
+    "set_seed",
+    "LearnMode",
+    "CollectMode",
+    "EvalMode",
+    "CommandMode",
+    "TrainingContract",
+    "CollectSpec",
+    "LearnSpec",
+    "POLICY_BASE_CONFIG",
+    "OFF_POLICY_CONFIG",
+    "ON_POLICY_CONFIG",
+    "DQNPolicy",
+    "PPOPolicy",
+    "A2CPolicy",
+]

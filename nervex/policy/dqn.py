@@ -3,60 +3,66 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
 from nervex.agent import Agent
+from nervex.config import Field
 from nervex.rl_utils import Adder, epsilon_greedy, q_nstep_td_data, q_nstep_td_error
 from nervex.torch_utils import Adam
 
-from .base_policy import CommonPolicy, register_policy
+from .base_policy import Output, register_policy
+from .common_policy import CommonPolicy
 
 
 class DQNPolicy(CommonPolicy):
     """Deep Q-learning (Mnih et al. 2015) with double Q (van Hasselt et al. 2016), n-step targets and PER.
 
-    Config keys (defaults in ``config``):
+    Config keys (besides the off-policy contract keys ``learn.batch_size``, ``learn.update_per_collect``,
+    ``learn.learning_starts``, ``collect.n_sample``):
         discount_factor, nstep: the n-step target ``sum_k gamma^k r_k + gamma^n max_a Q'(s_n, a)``.
-        priority: return per-sample |TD| as new priorities and weight the loss by importance weights.
+        priority: prioritized replay: return per-sample |TD| as new priorities and weight the loss by importance
+            weights; false trains from the uniform ``ReplayBuffer``.
         learn.double: pick the next action with the online net, value it with the target net.
-        learn.target_update_freq: copy online -> target every this many learner iterations (``assign``);
-            ``learn.target_theta`` > 0 switches to Polyak averaging with that rate every iteration instead.
+        learn.target_update_freq: copy online -> target every this many gradient steps (``assign``);
+            ``learn.target_theta`` > 0 switches to Polyak averaging with that rate every step instead.
         learn.loss: ``mse`` or ``huber``.
         command.eps: epsilon schedule over env steps (``type`` exp or linear, ``start``, ``end``, ``decay``).
     """
 
     default_model_type = "fc_discrete_net"
     config: Dict[str, Any] = dict(
-        policy_type="dqn",
-        use_cuda=False,
-        model={},  # kwargs of the model class; obs_dim / action_dim are filled from the env when left out
-        discount_factor=0.99,
-        nstep=1,
+        discount_factor=Field(0.99, gt=0, le=1),
+        nstep=Field(1, ge=1),
         priority=True,
         learn=dict(
-            batch_size=64,
-            learning_rate=1e-3,
-            weight_decay=0.0,
-            train_iteration=1,  # gradient steps after each collection of collect.n_sample samples
-            learning_starts=1000,  # env steps collected before the first gradient step
-            target_update_freq=100,
-            target_theta=0.0,
+            learning_rate=Field(1e-3, gt=0),
+            weight_decay=Field(0.0, ge=0),
+            target_update_freq=Field(100, ge=1),
+            target_theta=Field(0.0, ge=0, le=1),
             double=True,
-            loss="mse",
-            grad_clip=0.0,  # max gradient norm; 0 turns clipping off
+            loss=Field("mse", choices=("mse", "huber")),
+            grad_clip=Field(0.0, ge=0),  # max gradient norm; 0 turns clipping off
         ),
-        collect=dict(n_sample=8, traj_len=1),
-        eval=dict(),
-        command=dict(eps=dict(type="exp", start=0.95, end=0.05, decay=10000)),
+        collect=dict(traj_len=Field(1, ge=1)),
+        command=dict(
+            eps=dict(
+                type=Field("exp", choices=("exp", "linear")),
+                start=Field(0.95, ge=0, le=1),
+                end=Field(0.05, ge=0, le=1),
+                decay=Field(10000, gt=0),
+            )
+        ),
     )
+
+    @classmethod
+    def _buffer_type(cls, cfg: Mapping[str, Any]) -> Optional[str]:
+        return "prioritized" if cfg["priority"] else "uniform"
 
     # ---- learn -----------------------------------------------------------------------------------------------
     def _init_learn(self) -> None:
         learn = self._cfg.learn
-        if learn.loss not in ("mse", "huber"):
-            raise ValueError(f"policy.learn.loss must be 'mse' or 'huber', got '{learn.loss}'")
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
         self._priority = bool(self._cfg.priority)
@@ -79,7 +85,6 @@ class DQNPolicy(CommonPolicy):
         self._learn_agent.mode(train=True)
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        data = self._to_learn_device(data)
         batch_size = data["obs"].shape[0]
         if self._double:
             # one online pass over obs and next_obs together; the next_obs half only picks actions (no gradient)
@@ -97,9 +102,13 @@ class DQNPolicy(CommonPolicy):
         td_data = q_nstep_td_data(
             q, target_q, data["action"].long(), next_action, reward, data["terminated"].float(), weight
         )
-        value_gamma = data.get("value_gamma")
         loss, td_error = q_nstep_td_error(
-            td_data, self._gamma, nstep=self._nstep, value_gamma=value_gamma, criterion=self._criterion
+            td_data,
+            self._gamma,
+            nstep=self._nstep,
+            value_gamma=data.get("value_gamma"),
+            criterion=self._criterion,
+            return_td_error=True,
         )
         self._optimizer.zero_grad()
         loss.backward()
@@ -112,47 +121,20 @@ class DQNPolicy(CommonPolicy):
             "priority": td_error.detach().cpu().numpy(),
         }
 
-    def _monitor_vars_learn(self) -> List[str]:
-        return ["cur_lr", "total_loss", "q_value"]
-
-    def _state_dict_learn(self) -> Dict[str, Any]:
-        return {"model": self._learn_agent.state_dict(), "optimizer": self._optimizer.state_dict()}
-
-    def _load_state_dict_learn(self, state_dict: Dict[str, Any]) -> None:
-        self._learn_agent.load_state_dict(state_dict["model"])
-        if "optimizer" in state_dict:
-            self._optimizer.load_state_dict(state_dict["optimizer"])
-
     # ---- collect ---------------------------------------------------------------------------------------------
     def _init_collect(self) -> None:
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
-        self._collect_traj_len = int(self._cfg.collect.traj_len)
+        # n-step targets look nstep - 1 transitions ahead, so a trajectory holds that many more
+        self._traj_len = int(self._cfg.collect.traj_len) + self._nstep - 1
         self._adder = Adder(self._use_cuda, unroll_len=1)
         self._collect_agent = Agent(self._model)
         self._collect_agent.add_plugin("main", "eps_greedy_sample")
         self._collect_agent.add_plugin("main", "grad", enable_grad=False)
 
-    @property
-    def _traj_len(self) -> int:
-        # n-step targets look nstep - 1 transitions ahead, so the cache must hold that many more.
-        return int(self._cfg.collect.traj_len) + int(self._cfg.nstep) - 1
-
-    def _forward_collect(self, data_id: List[int], data: Dict[int, Any], eps: float = 0.0) -> Dict[int, Any]:
+    def _forward_collect(self, data_id: List[int], data: Any, eps: float = 0.0) -> Output:
         self._collect_agent.mode(train=False)
-        output = self._collect_agent.forward(self._batch_obs(data_id, data), eps=eps)
-        return self._unbatch(data_id, output)
-
-    def _process_transition(self, obs: Any, agent_output: Dict[str, Any], timestep: Any) -> Dict[str, Any]:
-        return {
-            "obs": obs,
-            "next_obs": timestep.obs,
-            "action": agent_output["action"],
-            "reward": timestep.reward,
-            "terminated": bool(timestep.info.get("terminated", timestep.done)),
-            "truncated": bool(timestep.info.get("truncated", False)),
-            "done": bool(timestep.done),
-        }
+        return self._collect_agent.forward(data, eps=eps)
 
     def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
         if traj_cache[-1]["done"]:
@@ -170,10 +152,9 @@ class DQNPolicy(CommonPolicy):
         self._eval_agent.add_plugin("main", "argmax_sample")
         self._eval_agent.add_plugin("main", "grad", enable_grad=False)
 
-    def _forward_eval(self, data_id: List[int], data: Dict[int, Any]) -> Dict[int, Any]:
+    def _forward_eval(self, data_id: List[int], data: Any) -> Output:
         self._eval_agent.mode(train=False)
-        output = self._eval_agent.forward(self._batch_obs(data_id, data))
-        return self._unbatch(data_id, output)
+        return self._eval_agent.forward(data)
 
     # ---- command ---------------------------------------------------------------------------------------------
     def _init_command(self) -> None:
@@ -181,7 +162,7 @@ class DQNPolicy(CommonPolicy):
         self._eps_fn = epsilon_greedy(eps.start, eps.end, eps.decay, eps.type)
 
     def _get_setting_collect(self, command_info: Dict[str, Any]) -> Dict[str, Any]:
-        return {"eps": self._eps_fn(command_info.get("env_step", 0))}
+        return {"eps": self._eps_fn(command_info["env_step"])}
 
 
 register_policy("dqn", DQNPolicy)

@@ -3,10 +3,12 @@
 Every loss here is a pure tensor function documented with a ``Shapes:`` block; the Adder works on NumPy.
 """
 
+from .a2c import a2c_data, a2c_error, a2c_loss
 from .adder import Adder
 from .dist_td import categorical_projection, dist_nstep_td_data, dist_nstep_td_error
 from .exploration import epsilon_greedy
 from .gae import gae, gae_data
+from .ppo import ppo_data, ppo_error, ppo_info, ppo_loss
 from .td import (
     generalized_lambda_returns,
     nstep_return,
@@ -48,4 +50,11 @@ __all__ = [
     "v_nstep_td_error",
     "value_inv_transform",
     "value_transform",
+    "a2c_data",
+    "a2c_error",
+    "a2c_loss",
+    "ppo_data",
+    "ppo_error",
+    "ppo_info",
+    "ppo_loss",
 ]

@@ -51,7 +51,7 @@ class Adder:
 
         Args:
             traj_cache: The actor's per-env deque of transitions; modified in place.
-            traj_len: Most transitions to take (``float('inf')`` takes all).
+            traj_len: Most transitions to take (``float('inf')`` or ``'inf'`` takes all).
             return_num: How many of the taken transitions go back to the front of the cache (capped at the
                 number taken).
 
@@ -64,6 +64,8 @@ class Adder:
         Raises:
             ValueError: ``return_num`` is negative, or not below ``traj_len`` (the cache would never shrink).
         """
+        if traj_len == "inf":  # nerveX configs write an unbounded trajectory as the string 'inf'
+            traj_len = math.inf
         if return_num < 0 or return_num >= traj_len:
             raise ValueError(
                 f"Adder.get_traj: return_num={return_num} must be in [0, traj_len) with traj_len={traj_len}, "

@@ -131,8 +131,9 @@ def q_nstep_td_error(
     nstep: int = 1,
     value_gamma: torch.Tensor | None = None,
     criterion: nn.Module = nn.MSELoss(reduction="none"),
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """n-step Q-learning loss and the per-sample TD error used as the new replay priority.
+    return_td_error: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """n-step Q-learning loss, and on request the per-sample TD error used as the new replay priority.
 
     ``target = sum_k gamma^k r_k + bootstrap_gamma * (1 - done) * next_n_q[next_n_action]`` with
     ``bootstrap_gamma = value_gamma`` if given (windows cut short by truncation) else ``gamma ** nstep``.
@@ -144,9 +145,10 @@ def q_nstep_td_error(
         nstep: Number of reward steps in the window.
         value_gamma: Per-sample bootstrap discount; ``None`` uses ``gamma ** nstep`` for every sample.
         criterion: Element-wise loss with ``reduction='none'``.
+        return_td_error: Also return ``|target - q[action]|`` per sample (detached), for prioritized replay.
 
     Returns:
-        ``(loss, td_error_per_sample)``: the importance-weighted mean loss, and ``|target - q[action]|`` detached.
+        The importance-weighted mean loss; with ``return_td_error``, ``(loss, td_error_per_sample)``.
 
     Shapes:
         - q, next_n_q: :math:`(B, N)`
@@ -170,7 +172,7 @@ def q_nstep_td_error(
         bootstrap_gamma = gamma**nstep if value_gamma is None else value_gamma.to(q.dtype)
         target = nstep_return(reward, gamma, nstep, name) + bootstrap_gamma * (1.0 - done.to(q.dtype)) * target_q_s_a
     loss = weighted_mean(criterion(q_s_a, target), weight)
-    return loss, (target - q_s_a).abs().detach()
+    return (loss, (target - q_s_a).abs().detach()) if return_td_error else loss
 
 
 def v_1step_td_error(

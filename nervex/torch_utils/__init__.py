@@ -1,8 +1,10 @@
 """torch helpers: nested data conversion and batching, checkpoints, Adam with gradient clipping, network blocks."""
 
-from .checkpoint import check_checkpoint_state, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, check_checkpoint_state, load_checkpoint, save_checkpoint
 from .data_helper import collate, decollate, to_device, to_ndarray, to_tensor
+from .distribution import CategoricalDist, GaussianDist, TanhGaussianDist
 from .network import MLP, conv2d_block, fc_block, get_activation
+from .normalizer import ReturnNormalizer, RunningMeanStd
 from .optimizer import Adam
 
 __all__ = [
@@ -15,8 +17,14 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "check_checkpoint_state",
+    "CheckpointError",
     "MLP",
     "fc_block",
     "conv2d_block",
     "get_activation",
+    "CategoricalDist",
+    "GaussianDist",
+    "TanhGaussianDist",
+    "RunningMeanStd",
+    "ReturnNormalizer",
 ]

@@ -109,6 +109,10 @@ def save_checkpoint(state: Dict[str, Any], path: PathLike) -> None:
     _fsync_dir(directory)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file exists but cannot be read: truncated, corrupted, or not a checkpoint."""
+
+
 def load_checkpoint(path: PathLike, map_location: Any = "cpu") -> Dict[str, Any]:
     """Load a checkpoint written by ``save_checkpoint`` with ``torch.load(..., weights_only=True)``.
 
@@ -123,6 +127,8 @@ def load_checkpoint(path: PathLike, map_location: Any = "cpu") -> Dict[str, Any]
         FileNotFoundError: ``path`` does not exist.
         pickle.UnpicklingError: the file holds objects a weights-only load refuses (it was not written by
             ``save_checkpoint``).
+        CheckpointError: the file is truncated or corrupted, or not a torch checkpoint at all; one line naming
+            the file and what the reader said.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -134,3 +140,11 @@ def load_checkpoint(path: PathLike, map_location: Any = "cpu") -> Dict[str, Any]
             f"checkpoint '{path}' cannot be loaded with weights_only=True; it holds objects other than tensors, "
             f"numbers, strings and containers: {e}"
         ) from e
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        # torch's zip reader says e.g. "PytorchStreamReader failed reading zip archive: failed finding central
+        # directory"; keep its first line, name the file, and drop the traceback into the reader
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        size = os.path.getsize(path)
+        raise CheckpointError(
+            f"checkpoint '{path}' ({size} bytes) is truncated or corrupted, or not a checkpoint: {reason}"
+        ) from None

@@ -135,3 +135,71 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
+
+
+def init_orthogonal_(module: nn.Module, gain: float = 1.0) -> nn.Module:
+    """Orthogonal weights scaled by ``gain`` and zero biases for every linear and conv layer in ``module``, in place.
+
+    The initialisation of PPO / A2C in OpenAI Baselines and Stable-Baselines3 (``gain=sqrt(2)`` for hidden layers,
+    0.01 for the policy output, 1 for the value output). Other parameters (norms, free ``log_std``) are left alone.
+
+    Args:
+        module: A layer or a module holding layers.
+        gain: Scale of the orthogonal matrix: a weight viewed as ``(out, in)`` has ``W W^T = gain^2 I`` when
+            ``out <= in`` and ``W^T W = gain^2 I`` otherwise.
+
+    Returns:
+        ``module``, for chaining.
+    """
+    for layer in module.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            nn.init.orthogonal_(layer.weight, gain=gain)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+    return module
+
+
+NATURE_CNN_MIN_SIZE = 36
+
+
+def _nature_conv_out(size: int) -> int:
+    for kernel, stride in ((8, 4), (4, 2), (3, 1)):
+        size = (size - kernel) // stride + 1
+    return size
+
+
+def nature_cnn(obs_shape: Sequence[int], hidden_size: int = 512, owner: str = "nature_cnn") -> nn.Sequential:
+    """The Nature-DQN encoder (Mnih et al. 2015): conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1, one FC layer, all ReLU.
+
+    The same trunk as Stable-Baselines3's ``NatureCNN``; it expects floats (scale ``uint8`` pixels before it).
+
+    Args:
+        obs_shape: ``(C, H, W)``; H and W must be at least ``NATURE_CNN_MIN_SIZE`` (36).
+        hidden_size: Width of the FC layer after the convolutions (the feature size).
+        owner: Name of the model building it, for error messages.
+
+    Returns:
+        ``nn.Sequential(conv, conv, conv, Flatten, fc)``.
+
+    Raises:
+        ValueError: ``obs_shape`` is not three-dimensional or too small for the kernels.
+
+    Shapes:
+        ``(B, C, H, W) -> (B, hidden_size)``.
+    """
+    if len(obs_shape) != 3:
+        raise ValueError(f"{owner} obs_shape must be (C, H, W), got {tuple(obs_shape)}")
+    channels, height, width = (int(v) for v in obs_shape)
+    out_h, out_w = _nature_conv_out(height), _nature_conv_out(width)
+    if out_h < 1 or out_w < 1:
+        raise ValueError(
+            f"{owner} obs_shape {tuple(obs_shape)} is too small for the 8x8/4, 4x4/2, 3x3/1 encoder; "
+            f"H and W must be at least {NATURE_CNN_MIN_SIZE}"
+        )
+    return nn.Sequential(
+        conv2d_block(channels, 32, 8, stride=4),
+        conv2d_block(32, 64, 4, stride=2),
+        conv2d_block(64, 64, 3, stride=1),
+        nn.Flatten(),
+        fc_block(64 * out_h * out_w, int(hidden_size)),
+    )

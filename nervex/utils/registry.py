@@ -42,6 +42,16 @@ class Registry:
         self._items[name] = obj
         return obj
 
+    def unregister(self, name: str) -> Any:
+        """Remove ``name`` and return what it mapped to.
+
+        Raises:
+            KeyError: unknown name.
+        """
+        if name not in self._items:
+            raise KeyError(self.unknown_message(name))
+        return self._items.pop(name)
+
     def get(self, name: str) -> Any:
         """Return what ``name`` maps to.
 

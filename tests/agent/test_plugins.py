@@ -181,7 +181,7 @@ def test_plugins_compose_on_one_model():
 
 def test_target_model_has_its_own_plugins():
     agent = Agent(FixedLogit())
-    with pytest.raises(ValueError, match=r"add_model\('target'"):
+    with pytest.raises(ValueError, match=r"add_plugin\('target', ...\): no such model; have \['main'\]"):
         agent.add_plugin("target", "argmax_sample")
     agent.add_model("target", update_type="assign", update_kwargs={"freq": 1})
     agent.add_plugin("target", "argmax_sample")
@@ -202,8 +202,8 @@ def test_target_model_has_its_own_plugins():
         ("main", "grad", {}, TypeError, r"agent plugin 'grad' takes enable_grad"),
         ("main", "grad", {"enable_grad": 1}, TypeError, "True or False"),
         ("main", "hidden_state", {"state_num": 0}, ValueError, "positive int"),
-        ("main", "argmax_sample", {"eps": 0.1}, TypeError, "takes no arguments"),
-        ("critic", "argmax_sample", {}, ValueError, r"model_name must be one of \('main', 'target'\)"),
+        ("main", "argmax_sample", {"eps": 0.1}, TypeError, "takes logit_key"),
+        ("critic", "argmax_sample", {}, ValueError, r"add_plugin\('critic', ...\): no such model"),
     ],
 )
 def test_add_plugin_errors(model_name, name, kwargs, error, message):
@@ -234,3 +234,85 @@ def test_mode_switches_main_and_target():
     assert not agent.model.training and not agent.target_model.training
     agent.mode(train=True)
     assert agent.model.training and agent.target_model.training
+
+
+class QValues(nn.Module):
+    """A model whose discrete scores are called 'q', not 'logit'."""
+
+    def forward(self, data: dict) -> dict:
+        return {"q": data["q"]}
+
+
+def test_sampling_plugins_read_any_logit_key():
+    agent = _agent(("argmax_sample", {"logit_key": "q"}), model=QValues())
+    assert agent.forward({"q": LOGIT})["action"].tolist() == [1, 0, 2]
+    with pytest.raises(TypeError, match="a 'logit' tensor"):
+        _agent(("argmax_sample", {}), model=QValues()).forward({"q": LOGIT})
+
+
+def test_multinomial_sample_adds_the_log_prob_of_the_sampled_action():
+    torch.manual_seed(0)
+    out = _agent(("multinomial_sample", {})).forward({"logit": LOGIT})
+    expected = torch.log_softmax(LOGIT, dim=-1).gather(1, out["action"][:, None]).squeeze(1)
+    torch.testing.assert_close(out["logp"], expected)
+    assert not out["logp"].requires_grad
+
+
+class GaussianHead(nn.Module):
+    def forward(self, data: dict) -> dict:
+        return {"mu": data["mu"], "sigma": data["sigma"]}
+
+
+def test_gaussian_sample_log_prob_and_deterministic_mode():
+    mu = torch.tensor([[0.5, -1.0], [2.0, 0.0]])
+    sigma = torch.tensor([[1.0, 2.0], [0.5, 0.5]])
+    greedy = _agent(("gaussian_sample", {"deterministic": True}), model=GaussianHead()).forward(
+        {"mu": mu, "sigma": sigma}
+    )
+    assert greedy["action"].tolist() == mu.tolist()
+    # log N(mu; mu, sigma) = -sum(log sigma) - D/2 log(2 pi); row 0: -(0 + log 2) - log(2 pi)
+    import math
+
+    expected = [-(math.log(1.0) + math.log(2.0)) - math.log(2 * math.pi), -2 * math.log(0.5) - math.log(2 * math.pi)]
+    assert greedy["logp"].tolist() == pytest.approx(expected, abs=1e-6)
+    torch.manual_seed(1)
+    sampled = _agent(("gaussian_sample", {}), model=GaussianHead()).forward({"mu": mu, "sigma": sigma})
+    assert not torch.equal(sampled["action"], mu)
+    z = (sampled["action"] - mu) / sigma
+    by_hand = (-0.5 * z**2 - sigma.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+    torch.testing.assert_close(sampled["logp"], by_hand)
+
+
+def test_squashed_gaussian_sample_stays_inside_asymmetric_bounds():
+    torch.manual_seed(0)
+    mu = torch.zeros(256, 2)
+    sigma = torch.full((256, 2), 3.0)
+    agent = _agent(("gaussian_sample", {"squash": True, "low": [-1.0, 0.0], "high": [3.0, 2.0]}), model=GaussianHead())
+    action = agent.forward({"mu": mu, "sigma": sigma})["action"]
+    assert action[:, 0].min() >= -1.0 and action[:, 0].max() <= 3.0
+    assert action[:, 1].min() >= 0.0 and action[:, 1].max() <= 2.0
+    assert action[:, 0].min() < 0.0 and action[:, 0].max() > 2.0  # the whole range is used, not [-1, 1]
+    with pytest.raises(ValueError, match="set squash=True"):
+        Agent(GaussianHead()).add_plugin("main", "gaussian_sample", low=-1.0, high=1.0)
+
+
+def test_users_register_their_own_plugins():
+    from nervex.agent import PLUGIN_REGISTRY, AgentPlugin, register_plugin
+
+    class DoubleLogit(AgentPlugin):
+        name = "double_logit"
+
+        def __call__(self, forward, data, **kwargs):
+            out = forward(data)
+            out["logit"] = out["logit"] * 2
+            return out
+
+    register_plugin("double_logit", DoubleLogit)
+    try:
+        agent = _agent(("double_logit", {}), ("argmax_sample", {}))
+        out = agent.forward({"logit": torch.tensor([[1.0, -3.0]])})
+        assert out["logit"].tolist() == [[2.0, -6.0]] and out["action"].tolist() == [0]
+        with pytest.raises(TypeError, match="AgentPlugin subclass"):
+            register_plugin("not_a_plugin", dict)
+    finally:
+        PLUGIN_REGISTRY.unregister("double_logit")

@@ -108,17 +108,60 @@ def test_target_calls_need_a_target_model():
         agent.target_update()
     with pytest.raises(RuntimeError, match="add_model"):
         agent.target_forward(torch.ones(2))
-    with pytest.raises(ValueError, match="only name='target'"):
-        agent.add_model("critic", update_type="assign", update_kwargs={"freq": 1})
+    with pytest.raises(ValueError, match="'main' already exists"):
+        agent.add_model("main", update_type="assign", update_kwargs={"freq": 1})
+    with pytest.raises(ValueError, match="unknown source 'critic'"):
+        agent.add_model("target_critic", update_type="assign", update_kwargs={"freq": 1}, source="critic")
+    with pytest.raises(ValueError, match="give update_type for a tracking copy, or model="):
+        agent.add_model("other", update_type=None)
 
 
-def test_state_dict_roundtrip_keeps_target_and_update_count():
+def test_named_models_track_their_own_sources():
+    """Twin critics and their targets as named models: each target follows its own source, by exactly theta."""
+    agent = Agent(Tiny())
+    critic = Tiny()
+    agent.add_model("critic", model=critic)
+    agent.add_model("target", update_type="momentum", update_kwargs={"theta": 0.5})
+    agent.add_model("target_critic", update_type="assign", update_kwargs={"freq": 1}, source="critic")
+    assert agent.extra_model_names == ["critic", "target", "target_critic"]
+    _set_main(agent, 2.0)
+    with torch.no_grad():
+        critic.w.fill_(-4.0)
+    agent.target_update()
+    assert agent.get_model("target").w.tolist() == [1.0, 1.0]  # 0.5 * 0 + 0.5 * 2
+    assert agent.get_model("target_critic").w.tolist() == [-4.0, -4.0]
+    agent.target_update(name="target")  # only the named copy moves
+    assert agent.get_model("target").w.tolist() == [1.5, 1.5]
+    out = agent.model_forward("critic", torch.ones(2))
+    assert out["logit"].tolist() == [-4.0, -4.0] and out["logit"].requires_grad  # an independent model learns
+    assert not agent.model_forward("target_critic", torch.ones(2))["logit"].requires_grad
+    with pytest.raises(KeyError, match="no model 'actor'"):
+        agent.get_model("actor")
+
+
+def test_target_update_from_a_given_state_dict_nervex_style():
+    """nerveX's ``agent.target_update(agent.state_dict()['model'])`` moves the target towards the given weights."""
+    agent = Agent(Tiny())
+    agent.add_model("target", update_type="assign", update_kwargs={"freq": 2})
+    _set_main(agent, 1.0)
+    agent.target_update(agent.state_dict()["model"])
+    assert _target_values(agent)[0] == [0.0, 0.0]  # 1st of 2
+    agent.target_update(agent.state_dict()["model"])
+    assert _target_values(agent)[0] == [1.0, 1.0]
+    momentum = Agent(Tiny())
+    momentum.add_model("target", update_type="momentum", update_kwargs={"theta": 0.25})
+    _set_main(momentum, 4.0, count=3)
+    momentum.target_update(momentum.state_dict()["model"])
+    assert _target_values(momentum) == ([1.0, 1.0], [1.0, 1.0], 3)
+
+
+def test_state_dict_roundtrip_keeps_targets_and_update_counts():
     agent = Agent(Tiny())
     agent.add_model("target", update_type="assign", update_kwargs={"freq": 2})
     _set_main(agent, 1.0)
     agent.target_update()  # 1st of 2: target still 0
     state = agent.state_dict()
-    assert set(state) == {"model", "target", "target_update_count"} and state["target_update_count"] == 1
+    assert set(state) == {"model", "models", "update_counts"} and state["update_counts"] == {"target": 1}
 
     fresh = Agent(Tiny())
     fresh.add_model("target", update_type="assign", update_kwargs={"freq": 2})
@@ -129,4 +172,9 @@ def test_state_dict_roundtrip_keeps_target_and_update_count():
 
     plain = Agent(Tiny())  # an agent without a target ignores the learner's target weights
     plain.load_state_dict(state)
-    assert plain.model.w.tolist() == [1.0, 1.0] and set(plain.state_dict()) == {"model"}
+    assert plain.model.w.tolist() == [1.0, 1.0] and plain.state_dict()["models"] == {}
+
+    no_target_saved = Agent(Tiny())
+    no_target_saved.add_model("target", update_type="assign", update_kwargs={"freq": 2})
+    no_target_saved.load_state_dict({"model": state["model"]})  # an eval snapshot: the target starts at the weights
+    assert _target_values(no_target_saved)[0] == [1.0, 1.0]

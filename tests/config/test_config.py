@@ -1,6 +1,8 @@
 """Config reading, merging and validation: each error message is checked."""
 
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -29,7 +31,7 @@ def test_shipped_config_compiles():
     cfg = compile_config(read_config(os.path.join(ROOT, CARTPOLE)))
     assert cfg.policy.policy_type == "dqn"
     assert cfg.policy.learn.batch_size == 64
-    assert cfg.policy.model.model_type == "fc_discrete_net"
+    assert cfg.policy.model_type is None and "model_type" not in cfg.policy.model  # the policy's default model
     assert cfg.env.env_id == "CartPole-v1"
     assert cfg.evaluator.stop_val == 195.0
     # defaults the YAML leaves out are present
@@ -138,3 +140,100 @@ def test_compile_is_idempotent():
     cfg = compile_config(read_config(os.path.join(ROOT, CARTPOLE)))
     again = compile_config(dict(cfg))
     assert again == cfg
+
+
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        (
+            "  learn:\n    learning_rate: -0.001\n",
+            r"key 'policy.learn.learning_rate' in exp.yaml must be > 0, got -0.001",
+        ),
+        ("  learn:\n    batch_size: 0\n", r"key 'policy.learn.batch_size' in exp.yaml must be >= 1, got 0"),
+        ("  discount_factor: 1.5\n", r"key 'policy.discount_factor' in exp.yaml must be > 0 and <= 1, got 1.5"),
+        ("  learn:\n    loss: l1\n", r"key 'policy.learn.loss' in exp.yaml must be one of 'mse', 'huber', got 'l1'"),
+        ("replay_buffer:\n  beta: 2\n", r"key 'replay_buffer.beta' in exp.yaml must be >= 0 and <= 1, got 2.0"),
+        ("env:\n  collector_env_num: 0\n", r"key 'env.collector_env_num' in exp.yaml must be >= 1, got 0"),
+        ("max_env_step: -5\n", r"key 'max_env_step' in exp.yaml must be >= 1, got -5"),
+    ],
+)
+def test_values_out_of_range_name_the_dotted_key(tmp_path, yaml_text, message):
+    text = BASE + yaml_text if yaml_text.startswith("  ") else BASE + yaml_text
+    if yaml_text.startswith("env:"):
+        text = "env:\n  env_type: cartpole\n  collector_env_num: 0\npolicy:\n  policy_type: dqn\n"
+    with pytest.raises(ConfigError, match=message):
+        compile_config(read_config(write(tmp_path, text)))
+
+
+def test_renamed_keys_say_where_they_went(tmp_path):
+    with pytest.raises(
+        ConfigError,
+        match=r"'policy.learn.train_iteration' in exp.yaml was renamed to 'policy.learn.update_per_collect'",
+    ):
+        compile_config(read_config(write(tmp_path, BASE + "  learn:\n    train_iteration: 4\n")))
+    with pytest.raises(ConfigError, match=r"'policy.model.model_type' in exp.yaml was renamed to 'policy.model_type'"):
+        compile_config(read_config(write(tmp_path, BASE + "  model:\n    model_type: fc_discrete_net\n")))
+
+
+def test_replay_buffer_section_is_checked_against_the_buffer_actually_built(tmp_path):
+    """With priority off the uniform ReplayBuffer is built: a prioritized-only key is an error, not dropped."""
+    text = BASE + "  priority: false\nreplay_buffer:\n  alpha: 0.7\n"
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'replay_buffer.alpha' in exp.yaml; valid keys under 'replay_buffer'"
+    ):
+        compile_config(read_config(write(tmp_path, text)))
+    ok = compile_config(read_config(write(tmp_path, BASE + "  priority: false\nreplay_buffer:\n  maxlen: 500\n")))
+    assert "alpha" not in ok.replay_buffer and ok.replay_buffer.maxlen == 500
+    prioritized = compile_config(read_config(write(tmp_path, BASE + "replay_buffer:\n  alpha: 0.7\n")))
+    assert prioritized.replay_buffer.alpha == 0.7
+
+
+def test_on_policy_config_has_no_replay_buffer(tmp_path):
+    text = "env:\n  env_type: cartpole\npolicy:\n  policy_type: ppo\nreplay_buffer:\n  maxlen: 100\n"
+    with pytest.raises(
+        ConfigError, match=r"section 'replay_buffer' in exp.yaml does not apply: policy 'ppo' is on-policy"
+    ):
+        compile_config(read_config(write(tmp_path, text)))
+    cfg = compile_config(read_config(write(tmp_path, "env:\n  env_type: cartpole\npolicy:\n  policy_type: ppo\n")))
+    assert "replay_buffer" not in cfg and cfg.policy.on_policy is True
+    with pytest.raises(ConfigError, match=r"'policy.on_policy' in exp.yaml is False but PPOPolicy is on-policy"):
+        compile_config(
+            read_config(
+                write(tmp_path, "env:\n  env_type: cartpole\npolicy:\n  policy_type: ppo\n  on_policy: false\n")
+            )
+        )
+
+
+def test_compile_config_with_explicit_parts_imports_no_torch_or_env():
+    """nervex.config validates against the parts it is given; it imports no policy, env or torch module itself."""
+    code = """
+import sys
+from nervex.config import ConfigParts, Field, compile_config, ConfigError
+parts = ConfigParts(sections=dict(policy=dict(policy_type='', learn=dict(lr=Field(1e-3, gt=0))), env=dict(env_id='x')))
+cfg = compile_config({'policy': {'policy_type': 'mine', 'learn': {'lr': 0.01}}, 'seed': 3}, parts)
+assert cfg.policy.learn.lr == 0.01 and cfg.seed == 3 and cfg.env.env_id == 'x'
+try:
+    compile_config({'policy': {'learn': {'lr': 0}}}, parts)
+except ConfigError as e:
+    assert "key 'policy.learn.lr' must be > 0" in str(e), e
+else:
+    raise AssertionError('no error')
+assert 'torch' not in sys.modules and 'gymnasium' not in sys.modules, [m for m in ('torch', 'gymnasium') if m in sys.modules]
+print('ok')
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_policy_import_names_load_a_users_policy_module(tmp_path):
+    (tmp_path / "my_policy_mod.py").write_text(
+        "from nervex.policy import DQNPolicy, register_policy\n"
+        "class MyDQN(DQNPolicy):\n    pass\n"
+        "register_policy('my_dqn_from_import_names', MyDQN)\n"
+    )
+    text = "env:\n  env_type: cartpole\npolicy:\n  policy_type: my_dqn_from_import_names\n  import_names: [my_policy_mod]\n"
+    cfg = compile_config(read_config(write(tmp_path, text)))  # found next to the config file
+    assert cfg.policy.policy_type == "my_dqn_from_import_names"
+    bad = text.replace("[my_policy_mod]", "[no_such_mod_xyz]")
+    with pytest.raises(ConfigError, match=r"key 'policy.import_names\[0\]': cannot import module 'no_such_mod_xyz'"):
+        compile_config(read_config(write(tmp_path, bad, "bad.yaml")))

@@ -5,6 +5,8 @@ import threading
 
 import numpy as np
 import pytest
+
+from nervex.config import ConfigError, plain_defaults, validate_merge
 import torch
 
 from nervex.data import PrioritizedBuffer, ReplayBuffer
@@ -32,10 +34,16 @@ def drawn_ids(buffer, batches: int = 100, batch_size: int = 2, learner_iter: int
 
 
 @pytest.mark.parametrize("cls", [PrioritizedBuffer, ReplayBuffer])
-def test_config_keys_are_the_constructor_keywords(cls):
+def test_config_is_the_constructor_signature_declared_once(cls):
     params = inspect.signature(cls.__init__).parameters
-    assert list(cls.config) == [p for p in params if p != "self"]
-    assert all(cls.config[k] == params[k].default for k in cls.config)
+    defaults = plain_defaults(cls.config)
+    assert list(defaults) == [p for p in params if p != "self"]
+    assert all(
+        defaults[k] == (list(params[k].default) if isinstance(params[k].default, tuple) else params[k].default)
+        for k in defaults
+    )
+    with pytest.raises(ConfigError, match=r"key 'replay_buffer.maxlen' must be >= 1, got 0"):
+        validate_merge(cls.config, {"maxlen": 0}, "replay_buffer")
 
 
 def test_types_and_nested_fields_are_stored_by_the_rules(backend):

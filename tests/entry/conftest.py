@@ -16,7 +16,7 @@ def small_cfg(**overrides):
             "policy_type": "dqn",
             "model": {"hidden_sizes": [32, 32]},
             "nstep": 1,
-            "learn": {"batch_size": 16, "learning_starts": 64, "target_update_freq": 10, "train_iteration": 4},
+            "learn": {"batch_size": 16, "learning_starts": 64, "target_update_freq": 10, "update_per_collect": 4},
             "collect": {"n_sample": 8},
         },
         "replay_buffer": {"maxlen": 1000},

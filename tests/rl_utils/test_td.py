@@ -78,21 +78,21 @@ class TestQNStep:
     def test_td_error_per_sample_with_value_gamma(self):
         _, _, data = make_q_nstep()
         value_gamma = t([case[3] for case in NSTEP_CASES])
-        loss, td_error = q_nstep_td_error(data, 0.9, nstep=3, value_gamma=value_gamma)
+        loss, td_error = q_nstep_td_error(data, 0.9, nstep=3, value_gamma=value_gamma, return_td_error=True)
         expected = [abs(case[5] - case[4]) for case in NSTEP_CASES]  # 0.52, 0.2, 0.9
         torch.testing.assert_close(td_error, t(expected))
         assert loss.item() == pytest.approx(sum(e**2 for e in expected) / 3)
 
     def test_without_value_gamma_bootstraps_with_gamma_pow_nstep(self):
         _, _, data = make_q_nstep()
-        _, td_error = q_nstep_td_error(data, 0.9, nstep=3)
+        _, td_error = q_nstep_td_error(data, 0.9, nstep=3, return_td_error=True)
         # the truncated sample now (wrongly for truncation, but as asked) uses 0.9 ** 3
         assert td_error[2].item() == pytest.approx(abs(1.0 + 0.9 * 2.0 + 0.729 * 10.0 - 10.0))
 
     def test_weight_scales_loss_and_gradient_only_into_q(self):
         q, next_n_q, data = make_q_nstep(weight=t([1.0, 2.0, 0.5]))
         value_gamma = t([case[3] for case in NSTEP_CASES])
-        loss, td_error = q_nstep_td_error(data, 0.9, nstep=3, value_gamma=value_gamma)
+        loss, td_error = q_nstep_td_error(data, 0.9, nstep=3, value_gamma=value_gamma, return_td_error=True)
         assert loss.item() == pytest.approx((1.0 * 0.52**2 + 2.0 * 0.2**2 + 0.5 * 0.9**2) / 3)
         loss.backward()
         # d/dq_sa = 2 * w * (q_sa - target) / B
@@ -107,7 +107,7 @@ class TestQNStep:
         next_q = t([[5.0, 0.0], [0.0, 6.0]])
         act, next_act, reward, done = torch.tensor([1, 0]), torch.tensor([0, 1]), t([1.0, 2.0]), t([0.0, 1.0])
         one = q_1step_td_error(q_1step_td_data(q, next_q, act, next_act, reward, done, None), 0.5)
-        nstep, _ = q_nstep_td_error(q_nstep_td_data(q, next_q, act, next_act, reward[None], done, None), 0.5)
+        nstep = q_nstep_td_error(q_nstep_td_data(q, next_q, act, next_act, reward[None], done, None), 0.5)
         # (2 - (1 + 0.5 * 5))^2 = 2.25 and (3 - 2)^2 = 1
         assert one.item() == pytest.approx((2.25 + 1.0) / 2)
         assert nstep.item() == pytest.approx(one.item())

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
+
+from nervex.config import Field, compile_section
+
+from .serial_actor import action_clipper
 
 
 def eval_episodes_per_env(n_episode: int, env_num: int) -> int:
@@ -28,14 +32,14 @@ class SerialEvaluator:
     """
 
     config: Dict[str, Any] = dict(
-        n_episode=10,
-        eval_freq=1000,  # env steps between evaluations
+        n_episode=Field(10, ge=1),
+        eval_freq=Field(1000, ge=1),  # env steps between evaluations
         stop_val=195.0,  # stop training once the mean evaluation return reaches this
         eval_at_start=False,  # also evaluate the untrained policy at env step 0
     )
 
-    def __init__(self, cfg: Dict[str, Any], env_manager: Any, eval_mode: Any) -> None:
-        self._cfg = cfg
+    def __init__(self, cfg: Optional[Dict[str, Any]], env_manager: Any, eval_mode: Any) -> None:
+        self._cfg = compile_section(SerialEvaluator, cfg, "evaluator")
         self._env = env_manager
         self._policy = eval_mode
         self._last_eval_step: float = -math.inf if cfg.get("eval_at_start", False) else 0
@@ -45,8 +49,12 @@ class SerialEvaluator:
     def should_eval(self, env_step: int) -> bool:
         return env_step - self._last_eval_step >= self._cfg["eval_freq"]
 
-    def eval(self, train_iter: int = 0, env_step: int = 0) -> Dict[str, Any]:
+    def eval(self, train_iter: int = 0, env_step: int = 0, setting: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Play the evaluation episodes.
+
+        Args:
+            train_iter, env_step: Progress, reported with the figures.
+            setting: The command mode's eval settings (keyword arguments of the eval forward).
 
         Returns:
             ``{'eval/mean_reward', 'eval/std_reward', 'eval/min_reward', 'eval/max_reward', 'eval/mean_ep_len',
@@ -56,14 +64,16 @@ class SerialEvaluator:
         start = time.perf_counter()
         self._last_eval_step = env_step
         self._env.reset()
-        self._policy.reset()
+        self._policy.reset(None)
+        clip = action_clipper(self._env.env_info().act_space)
+        setting = setting or {}
         returns: List[float] = []
         lengths: List[int] = []
         while not self._env.done:
             obs = self._env.ready_obs
             data_id = list(obs.keys())
-            output = self._policy.forward(data_id, obs)
-            timesteps = self._env.step({env_id: output[env_id]["action"] for env_id in data_id})
+            output = self._policy.forward(data_id, obs, **setting)
+            timesteps = self._env.step({env_id: clip(output[env_id]["action"]) for env_id in data_id})
             for env_id, timestep in timesteps.items():
                 if timestep.done:
                     self._policy.reset([env_id])

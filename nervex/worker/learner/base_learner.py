@@ -7,12 +7,13 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
+from nervex.config import Field, compile_section
 from nervex.torch_utils import load_checkpoint, save_checkpoint
 from nervex.utils.log_helper import ScalarWriter
 
-from .learner_hook import POSITIONS, LearnerHook, LoadCkptHook, LogShowHook, LrDecayHook, SaveCkptHook
+from .learner_hook import LR_DECAY_TYPES, POSITIONS, LearnerHook, LoadCkptHook, LogShowHook, LrDecayHook, SaveCkptHook
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: one policy state format for every mode (model, extra, learn)
 
 
 class BaseLearner:
@@ -34,14 +35,18 @@ class BaseLearner:
     config: Dict[str, Any] = dict(
         hook=dict(
             load_ckpt="",  # path of a checkpoint to resume from before training
-            save_ckpt_after_iter=0,  # save ckpt/iteration_{n}.pt every n iterations; 0 = never
+            save_ckpt_after_iter=Field(0, ge=0),  # save ckpt/iteration_{n}.pt every n iterations; 0 = never
             save_ckpt_after_run=True,  # save ckpt/final.pt when training ends
-            log_show_after_iter=500,  # print and write train/* scalars every n iterations
+            log_show_after_iter=Field(500, ge=0),  # print and write train/* scalars every n iterations; 0 = never
         ),
-        lr_decay=dict(type="none", end_factor=0.1, total_iter=100000),
+        lr_decay=dict(
+            type=Field("none", choices=LR_DECAY_TYPES),
+            end_factor=Field(0.1, ge=0),
+            total_iter=Field(100000, ge=1),
+        ),
         # batches a background thread samples ahead from the replay buffer (AsyncDataLoader); 0 samples in the
         # learner's own thread. Prefetching trades exact reproducibility for not waiting on sampling.
-        prefetch=0,
+        prefetch=Field(0, ge=0),
     )
 
     def __init__(
@@ -52,7 +57,7 @@ class BaseLearner:
         logger: Optional[logging.Logger] = None,
         scalar_writer: Optional[ScalarWriter] = None,
     ) -> None:
-        self._cfg = cfg
+        self._cfg = compile_section(BaseLearner, cfg, "learner")
         self._policy = learn_mode
         self.run_dir = run_dir
         self.ckpt_dir = os.path.join(run_dir, "ckpt") if run_dir else None
@@ -63,15 +68,15 @@ class BaseLearner:
         self.last_info: Dict[str, Any] = {}
         self.train_time = 0.0
         self._hooks: Dict[str, List[LearnerHook]] = {p: [] for p in POSITIONS}
-        self._setup_hooks(cfg)
+        self._setup_hooks(self._cfg)
 
     @property
-    def optimizer(self) -> Any:
-        # learn-mode functions are bound methods of the policy; its optimizer is where lr decay acts
-        return getattr(getattr(self._policy.forward, "__self__", None), "_optimizer", None)
+    def optimizers(self) -> Dict[str, Any]:
+        """Every optimizer of the policy's learn mode, by name (what lr hooks act on)."""
+        return self._policy.optimizers()
 
     def _setup_hooks(self, cfg: Dict[str, Any]) -> None:
-        hook_cfg = cfg.get("hook", {})
+        hook_cfg = cfg.hook
         if hook_cfg.get("load_ckpt"):
             self.register_hook(LoadCkptHook(hook_cfg["load_ckpt"]))
         if self.ckpt_dir is not None:
@@ -81,11 +86,14 @@ class BaseLearner:
                 self.register_hook(SaveCkptHook("after_run"))
         if hook_cfg.get("log_show_after_iter", 0) > 0:
             self.register_hook(LogShowHook(hook_cfg["log_show_after_iter"]))
-        lr_cfg = cfg.get("lr_decay", {})
-        if lr_cfg.get("type", "none") != "none":
-            if self.optimizer is None:
-                raise ValueError("learner.lr_decay is set but the policy exposes no '_optimizer' to decay")
-            self.register_hook(LrDecayHook(self.optimizer, lr_cfg["type"], lr_cfg["end_factor"], lr_cfg["total_iter"]))
+        lr_cfg = cfg.lr_decay
+        if lr_cfg.type != "none":
+            optimizers = self.optimizers
+            if not optimizers:
+                raise ValueError("learner.lr_decay is set but the policy's learn mode has no optimizer to decay")
+            self.register_hook(
+                LrDecayHook(list(optimizers.values()), lr_cfg.type, lr_cfg.end_factor, lr_cfg.total_iter)
+            )
 
     def register_hook(self, hook: LearnerHook) -> None:
         """Add a hook; hooks at one position run in ascending priority."""
@@ -98,8 +106,15 @@ class BaseLearner:
         for hook in self._hooks[position]:
             hook(self)
 
-    def train(self, data: Dict[str, Any], env_step: Optional[int] = None) -> Dict[str, Any]:
+    def train(
+        self, data: Dict[str, Any], env_step: Optional[int] = None, setting: Optional[Dict[str, Any]] = None
+    ) -> Dict[str, Any]:
         """One gradient step on ``data`` (a batch dict).
+
+        Args:
+            data: The batch.
+            env_step: The actor's env step count (for logs and checkpoints).
+            setting: The command mode's learn settings (a learning-rate or clip schedule's current value).
 
         Returns:
             The policy's figures for this step (``total_loss``, ``cur_lr``, ..., and ``priority`` when the policy
@@ -109,7 +124,7 @@ class BaseLearner:
             self.env_step = int(env_step)
         self.call_hook("before_iter")
         start = time.perf_counter()
-        info = self._policy.forward(data)
+        info = self._policy.forward(data, **(setting or {}))
         self.train_time += time.perf_counter() - start
         self.last_iter += 1
         self.last_info = info
@@ -128,7 +143,10 @@ class BaseLearner:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         version = state.get("version")
         if version != CHECKPOINT_VERSION:
-            raise ValueError(f"checkpoint version {version!r} is not supported (expected {CHECKPOINT_VERSION})")
+            raise ValueError(
+                f"checkpoint version {version!r} is not supported (expected {CHECKPOINT_VERSION}); version 1 came "
+                "from nervex 0.1, whose weights are in state['policy']['model']['model']"
+            )
         self._policy.load_state_dict(state["policy"])
         self.last_iter = int(state["train_iter"])
         self.env_step = int(state["env_step"])

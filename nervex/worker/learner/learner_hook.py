@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 if TYPE_CHECKING:
     from .base_learner import BaseLearner
 
 POSITIONS = ("before_run", "after_run", "before_iter", "after_iter")
+LR_DECAY_TYPES = ("none", "linear", "cosine")
 
 
 class LearnerHook:
@@ -95,20 +96,23 @@ class LogShowHook(LearnerHook):
 
 
 class LrDecayHook(LearnerHook):
-    """Decay every param group's learning rate from its initial value to ``end_factor`` x it over ``total_iter``.
+    """Decay every param group's learning rate, of every optimizer, from its initial value to ``end_factor`` x it
+    over ``total_iter`` gradient steps.
 
     ``type``: ``linear`` or ``cosine``.
     """
 
-    def __init__(self, optimizer: Any, type: str, end_factor: float, total_iter: int, priority: int = 40) -> None:
+    def __init__(
+        self, optimizers: Sequence[Any], type: str, end_factor: float, total_iter: int, priority: int = 40
+    ) -> None:
         super().__init__("lr_decay", "after_iter", priority)
         if type not in ("linear", "cosine"):
             raise ValueError(f"learner.lr_decay.type must be 'none', 'linear' or 'cosine', got '{type}'")
-        self.optimizer = optimizer
+        self.groups = [group for optimizer in optimizers for group in optimizer.param_groups]
         self.type = type
         self.end_factor = end_factor
         self.total_iter = max(1, int(total_iter))
-        self.base_lrs: List[float] = [g["lr"] for g in optimizer.param_groups]
+        self.base_lrs: List[float] = [g["lr"] for g in self.groups]
 
     def factor(self, it: int) -> float:
         frac = min(1.0, it / self.total_iter)
@@ -118,5 +122,5 @@ class LrDecayHook(LearnerHook):
 
     def __call__(self, learner: BaseLearner) -> None:
         factor = self.factor(learner.last_iter)
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+        for group, base in zip(self.groups, self.base_lrs):
             group["lr"] = base * factor

@@ -33,12 +33,11 @@ class TinyPolicy:
         self._optimizer.load_state_dict(sd["optimizer"])
 
     def mode(self):
-        return LearnMode(self.forward, lambda *a: None, self.state_dict, self.load_state_dict, lambda: [])
+        return LearnMode(self.forward, self.state_dict, self.load_state_dict, lambda: {"optimizer": self._optimizer})
 
 
 def make(tmp_path, **hook):
-    cfg = dict(BaseLearner.config)
-    cfg["hook"] = dict(BaseLearner.config["hook"], log_show_after_iter=0, **hook)
+    cfg = {"hook": dict(log_show_after_iter=0, **hook)}
     policy = TinyPolicy(lr=0.25)
     return policy, BaseLearner(cfg, policy.mode(), run_dir=str(tmp_path))
 
@@ -60,7 +59,7 @@ def test_save_every_n_and_final(tmp_path):
     files = sorted(os.listdir(tmp_path / "ckpt"))
     assert files == ["final.pt", "iteration_2.pt", "iteration_4.pt"]
     state = load_checkpoint(str(tmp_path / "ckpt" / "iteration_4.pt"))
-    assert state["train_iter"] == 4 and state["version"] == 1
+    assert state["train_iter"] == 4 and state["version"] == 2
 
 
 def test_load_ckpt_hook_resumes(tmp_path):
@@ -111,16 +110,38 @@ def test_hooks_run_in_priority_order(tmp_path):
 )
 def test_lr_decay_factor(kind, it, expected):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
-    hook = LrDecayHook(opt, kind, end_factor=0.1, total_iter=100)
+    hook = LrDecayHook([opt], kind, end_factor=0.1, total_iter=100)
     assert hook.factor(it) == pytest.approx(expected)
 
 
 def test_lr_decay_via_config_moves_optimizer_lr(tmp_path):
-    cfg = dict(BaseLearner.config)
-    cfg["hook"] = dict(BaseLearner.config["hook"], log_show_after_iter=0)
-    cfg["lr_decay"] = dict(type="linear", end_factor=0.5, total_iter=4)
+    cfg = {"hook": dict(log_show_after_iter=0), "lr_decay": dict(type="linear", end_factor=0.5, total_iter=4)}
     policy = TinyPolicy(lr=1.0)
     learner = BaseLearner(cfg, policy.mode(), run_dir=str(tmp_path))
     for _ in range(2):
         learner.train({"target": torch.ones(1)})
     assert policy._optimizer.param_groups[0]["lr"] == pytest.approx(0.75)  # 1 + (0.5 - 1) * 2/4
+
+
+def test_lr_decay_acts_on_every_optimizer_of_the_learn_mode(tmp_path):
+    actor_w, critic_w = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+    optimizers = {"actor": torch.optim.SGD([actor_w], lr=1.0), "critic": torch.optim.SGD([critic_w], lr=0.1)}
+
+    def forward(data):
+        return {"total_loss": 0.0}
+
+    mode = LearnMode(forward, lambda: {}, lambda state: None, lambda: optimizers)
+    cfg = {"hook": dict(log_show_after_iter=0), "lr_decay": dict(type="linear", end_factor=0.5, total_iter=4)}
+    learner = BaseLearner(cfg, mode, run_dir=str(tmp_path))
+    for _ in range(4):
+        learner.train({})
+    assert optimizers["actor"].param_groups[0]["lr"] == pytest.approx(0.5)
+    assert optimizers["critic"].param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_learner_section_is_validated_by_the_learner():
+    mode = LearnMode(lambda data: {}, lambda: {}, lambda state: None, lambda: {})
+    with pytest.raises(ValueError, match=r"unknown key 'learner.hook.log_show_after'.*did you mean 'learner.hook.log_show_after_iter'"):
+        BaseLearner({"hook": {"log_show_after": 5}}, mode)
+    with pytest.raises(ValueError, match=r"key 'learner.lr_decay.type' must be one of 'none', 'linear', 'cosine'"):
+        BaseLearner({"lr_decay": {"type": "exp"}}, mode)

@@ -18,6 +18,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from nervex.config import Field, signature_config
 from nervex.envs.base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep, EnvResetRequest
 from nervex.utils.registry import ENV_MANAGER_REGISTRY
 
@@ -96,11 +97,6 @@ class BaseEnvManager:
         ...         timesteps = manager.step({i: 0 for i in manager.ready_obs})
     """
 
-    config: Dict[str, Any] = dict(
-        max_retry=0,  # in-process envs that raise are usually buggy: surface the error at once
-        retry_delay=0.0,
-    )
-
     def __init__(
         self,
         env_fn: EnvFn,
@@ -134,6 +130,14 @@ class BaseEnvManager:
         self._env_info: Optional[BaseEnvInfo] = None
         self._stats = dict(restarts=0, dropped_episodes=0, timeouts=0, crashes=0, exceptions=0, reset_requests=0)
         self._envs: List[Optional[BaseEnv]] = []
+
+    # in-process envs that raise are usually buggy: surface the error at once (max_retry 0)
+    config = signature_config(
+        __init__,
+        skip=("env_fn", "env_cfg", "env_num", "episode_num"),
+        max_retry=Field(..., ge=0),
+        retry_delay=Field(..., ge=0),
+    )
 
     # ---- properties --------------------------------------------------------------------------------------------
     @property

@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import gymnasium as gym
 import numpy as np
 
+from nervex.config import Field, signature_config
 from nervex.envs.base_env import BaseEnvTimestep
 from nervex.utils.registry import ENV_MANAGER_REGISTRY
 
@@ -37,6 +38,7 @@ from .subprocess_worker import DONE, DONE_RESET, RESET_REQUEST, STEP
 from .worker_pool import WorkerHandle, WorkerPool, describe_exit, split_envs
 
 _new_timestep = tuple.__new__
+DEFAULT_CONTEXT = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 CLOSE_TIMEOUT_S = 2.0  # how long close() waits for workers to exit before killing them
 
 
@@ -59,17 +61,6 @@ class SubprocessEnvManager(BaseEnvManager):
             the observation it acted on: a returned timestep may answer an action of an earlier ``step``.
     """
 
-    config: Dict[str, Any] = dict(
-        worker_num=None,
-        context="fork" if "fork" in mp.get_all_start_methods() else "spawn",
-        shared_memory=True,
-        step_timeout=60.0,
-        reset_timeout=120.0,
-        max_retry=3,
-        retry_delay=0.5,
-        wait_num=None,
-    )
-
     def __init__(
         self,
         env_fn: EnvFn,
@@ -77,7 +68,7 @@ class SubprocessEnvManager(BaseEnvManager):
         env_num: int,
         episode_num: float = float("inf"),
         worker_num: Optional[int] = None,
-        context: str = config["context"],
+        context: str = DEFAULT_CONTEXT,
         shared_memory: bool = True,
         step_timeout: Optional[float] = 60.0,
         reset_timeout: Optional[float] = 120.0,
@@ -108,6 +99,18 @@ class SubprocessEnvManager(BaseEnvManager):
         self._rew_buf: Optional[np.ndarray] = None
         self._in_flight: Dict[int, Any] = {}  # env id -> the observation its pending action was chosen on
         self._results: Dict[int, BaseEnvTimestep] = {}
+
+    config = signature_config(
+        __init__,
+        skip=("env_fn", "env_cfg", "env_num", "episode_num"),
+        worker_num=Field(..., ge=1, kind="int"),
+        context=Field(..., choices=tuple(mp.get_all_start_methods())),
+        step_timeout=Field(..., gt=0, kind="number"),
+        reset_timeout=Field(..., gt=0, kind="number"),
+        max_retry=Field(..., ge=0),
+        retry_delay=Field(..., ge=0),
+        wait_num=Field(..., ge=1, kind="int"),
+    )
 
     @property
     def worker_num(self) -> int:

@@ -1,0 +1,301 @@
+"""The builder: every part of a run made from its config section (Acme's ``make_*`` functions).
+
+``SerialTrainer`` assembles a run from these functions; the parallel roles reuse them one by one (an actor process
+needs ``make_env_managers``, ``make_policy(enable_field=['collect'])`` and ``make_actor``). ``config_parts`` tells
+``compile_config`` which part will validate each section, so the section of the class actually built is the one
+checked (the uniform buffer's keys when a policy trains from it, no ``replay_buffer`` at all for on-policy data).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from nervex.config import ConfigError, ConfigParts, Field, merge_defaults, to_plain, validate_merge
+from nervex.utils import ENV_MANAGER_REGISTRY, POLICY_REGISTRY
+from nervex.utils.import_helper import import_modules
+
+# Keys of the ``env`` section that belong to the pipeline; the env class declares the rest.
+ENV_PIPELINE_DEFAULTS: Dict[str, Any] = dict(
+    env_type="gym",
+    import_names=[],  # modules to import before env_type is looked up (a user's own env)
+    manager_type="subprocess",
+    collector_env_num=Field(8, ge=1),
+    evaluator_env_num=Field(5, ge=1),
+)
+EVAL_SEED_OFFSET = 100_000  # evaluator envs are seeded apart from every collector env
+
+
+def _lookup(registry: Any, name: Any, path: str, where: str) -> Any:
+    if not isinstance(name, str):
+        raise ConfigError(f"key '{path}'{where} must be a registered name (a string), got {name!r}")
+    if name not in registry:
+        raise ConfigError(f"{registry.unknown_message(name)} (key '{path}'{where})")
+    return registry.get(name)
+
+
+def _search_dirs(source: Optional[str]) -> List[str]:
+    """Where a module named by ``import_names`` may live besides ``sys.path``: the config's folder, the cwd."""
+    return ([os.path.dirname(os.path.abspath(source))] if source else []) + [os.getcwd()]
+
+
+# ---- config ---------------------------------------------------------------------------------------------------------
+def resolve_policy_class(policy_user: Mapping[str, Any], where: str = "", source: Optional[str] = None) -> type:
+    """The policy class a ``policy`` section names (importing its ``import_names`` first)."""
+    import nervex.policy  # noqa: F401  (registers the built-in policies)
+
+    import_modules(policy_user.get("import_names"), "policy.import_names", _search_dirs(source))
+    if "policy_type" not in policy_user:
+        raise ConfigError(
+            f"key 'policy.policy_type'{where} is required; registered policies: {', '.join(POLICY_REGISTRY.names())}"
+        )
+    return _lookup(POLICY_REGISTRY, policy_user["policy_type"], "policy.policy_type", where)
+
+
+def resolve_env_classes(env_user: Mapping[str, Any], where: str = "", source: Optional[str] = None) -> Tuple[type, type]:
+    """The env class and env manager class an ``env`` section names."""
+    from nervex.envs import get_env_cls
+    from nervex.worker.actor import env_manager  # noqa: F401  (registers the managers)
+
+    import_modules(env_user.get("import_names"), "env.import_names", _search_dirs(source))
+    try:
+        env_cls = get_env_cls(env_user.get("env_type", ENV_PIPELINE_DEFAULTS["env_type"]))
+    except KeyError as e:
+        raise ConfigError(f"{e.args[0]} (key 'env.env_type'{where})") from None
+    manager_type = env_user.get("manager_type", ENV_PIPELINE_DEFAULTS["manager_type"])
+    manager_cls = _lookup(ENV_MANAGER_REGISTRY, manager_type, "env.manager_type", where)
+    return env_cls, manager_cls
+
+
+def env_defaults(env_cls: type, manager_cls: type) -> Dict[str, Any]:
+    """The ``env`` section's declared defaults: the pipeline's keys, the manager's options, the env class's keys."""
+    return dict(ENV_PIPELINE_DEFAULTS, manager=dict(manager_cls.config), **getattr(env_cls, "config", {}))
+
+
+def _model_check(policy_cls: type) -> Any:
+    """A ConfigParts check: ``policy.model`` keys against the model class's constructor."""
+
+    def check(out: Dict[str, Any], where: str) -> None:
+        policy_cfg = out["policy"]
+        model_cfg = policy_cfg.get("model") or {}
+        if "model_type" in model_cfg:
+            raise ConfigError(f"key 'policy.model.model_type'{where} was renamed to 'policy.model_type'")
+        try:
+            model_cls = policy_cls.model_class(policy_cfg)
+        except KeyError as e:
+            raise ConfigError(f"{e.args[0]} (key 'policy.model_type'{where})") from None
+        if model_cls is None:
+            return  # the policy builds its own model (a nerveX-style _create_model_from_cfg): free-form keys
+        params = inspect.signature(model_cls.__init__).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return
+        valid = [n for n in params if n != "self"]
+        for key in model_cfg:
+            if key not in valid:
+                close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+                hint = f"; did you mean 'policy.model.{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
+                raise ConfigError(
+                    f"unknown key 'policy.model.{key}'{where} for model '{model_cls.__name__}'{hint}"
+                )
+
+    return check
+
+
+def config_parts(cfg: Mapping[str, Any], source: Optional[str] = None) -> ConfigParts:
+    """The parts a serial run builds from ``cfg``, as ``compile_config`` needs them.
+
+    Resolves the policy class (after ``policy.import_names``), the env and env manager classes (after
+    ``env.import_names``), and, from the policy's training contract, the replay buffer class whose keys the
+    ``replay_buffer`` section may hold.
+    """
+    from nervex.data import BUFFER_REGISTRY
+    from nervex.worker.actor import SerialActor, SerialEvaluator
+    from nervex.worker.learner import BaseLearner
+
+    where = f" in {os.path.basename(source)}" if source else ""
+    user = to_plain(cfg)
+    for section in ("env", "policy"):
+        if user.get(section) is not None and not isinstance(user[section], Mapping):
+            raise ConfigError(f"key '{section}'{where} expects a mapping, got {user[section]!r}")
+    env_user, policy_user = user.get("env") or {}, user.get("policy") or {}
+    env_cls, manager_cls = resolve_env_classes(env_user, where, source)
+    policy_cls = resolve_policy_class(policy_user, where, source)
+    policy_cfg = policy_cls.compile_section(policy_user, source)
+    contract = policy_cls.contract(policy_cfg)
+    sections: Dict[str, Any] = dict(
+        env=env_defaults(env_cls, manager_cls),
+        policy=policy_cls.default_config(policy_cfg["on_policy"]),
+    )
+    absent: Dict[str, str] = {}
+    if contract.buffer_type is None:
+        absent["replay_buffer"] = f"policy '{policy_user['policy_type']}' is on-policy and uses no replay buffer"
+    else:
+        buffer_cls = BUFFER_REGISTRY.get(contract.buffer_type)
+        sections["replay_buffer"] = merge_defaults(buffer_cls.config, contract.buffer_defaults)
+    sections.update(learner=BaseLearner, actor=SerialActor, evaluator=SerialEvaluator)
+    return ConfigParts(
+        sections=sections,
+        open_sections=[] if policy_cls.declares_config() else ["policy"],
+        absent=absent,
+        checks=[_model_check(policy_cls), _resolve_on_policy(policy_cls), _check_on_policy_manager],
+    )
+
+
+def _resolve_on_policy(policy_cls: type) -> Any:
+    """A ConfigParts check that records the class's ``on_policy`` in the compiled section (the trainer's view)."""
+
+    def resolve(out: Dict[str, Any], where: str) -> None:
+        out["policy"]["on_policy"] = policy_cls.is_on_policy(out["policy"])
+
+    return resolve
+
+
+def _check_on_policy_manager(out: Dict[str, Any], where: str) -> None:
+    if out["policy"].get("on_policy") and (out["env"].get("manager") or {}).get("wait_num"):
+        raise ConfigError(
+            f"key 'env.manager.wait_num'{where} (asynchronous stepping) cannot be used with an on-policy policy: "
+            "a rollout must step every env exactly rollout_len times with the current policy"
+        )
+
+
+# ---- parts ----------------------------------------------------------------------------------------------------------
+def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], env_info: Any) -> None:
+    """Fill ``obs_dim``/``obs_shape``/``action_dim``/``action_space`` of the model config from the env's spaces,
+    for the keys the model's constructor takes and the config leaves out."""
+    import gymnasium as gym
+
+    if model_cls is None:
+        return
+    params = inspect.signature(model_cls.__init__).parameters
+    obs_shape = tuple(env_info.obs_space.shape or ())
+    act_space = env_info.act_space
+    discrete = isinstance(act_space, gym.spaces.Discrete)
+    if "obs_dim" in params and model_cfg.get("obs_dim") is None:
+        model_cfg["obs_dim"] = int(np.prod(obs_shape)) if len(obs_shape) <= 1 else list(obs_shape)
+    if "obs_shape" in params and model_cfg.get("obs_shape") is None:
+        model_cfg["obs_shape"] = list(obs_shape)
+    if "action_dim" in params and model_cfg.get("action_dim") is None:
+        model_cfg["action_dim"] = int(act_space.n) if discrete else int(np.prod(act_space.shape))
+    if "action_space" in params and model_cfg.get("action_space") is None:
+        model_cfg["action_space"] = "discrete" if discrete else "continuous"
+
+
+def make_env_managers(
+    cfg: Mapping[str, Any], seed: int, evaluator: bool = True, collector: bool = True
+) -> Tuple[Optional[Any], Optional[Any], Any]:
+    """The collector's and evaluator's env managers (each optional), seeded, and the env's ``BaseEnvInfo``.
+
+    Collector env ``i`` first resets with ``seed + i``, evaluator env ``i`` with ``seed + 100000 + i``. The caller
+    closes the managers.
+    """
+    from nervex.envs import ENV_PIPELINE_KEYS
+    from nervex.worker.actor import eval_episodes_per_env
+
+    env_cls, manager_cls = resolve_env_classes(cfg["env"])
+    env_cfg = {k: v for k, v in cfg["env"].items() if k not in ENV_PIPELINE_KEYS}
+    probe = env_cls(env_cfg)
+    env_info = probe.info()
+    probe.close()
+    manager_kwargs = dict(cfg["env"]["manager"])
+    collector_env = None
+    if collector:
+        collector_env = manager_cls(env_cls, env_cfg, cfg["env"]["collector_env_num"], **manager_kwargs)
+        collector_env.seed(seed)
+    if not evaluator:
+        return collector_env, None, env_info
+    try:
+        n_episode = cfg["evaluator"]["n_episode"]
+        n_eval_env = max(1, min(cfg["env"]["evaluator_env_num"], n_episode))
+        # an env class may play evaluation differently (e.g. Atari: whole games instead of lives)
+        eval_env_cfg = {**env_cfg, **getattr(env_cls, "eval_overrides", {})}
+        manager_kwargs.pop("wait_num", None)  # evaluation steps every env in lock step
+        evaluator_env = manager_cls(
+            env_cls,
+            eval_env_cfg,
+            n_eval_env,
+            episode_num=eval_episodes_per_env(n_episode, n_eval_env),
+            **manager_kwargs,
+        )
+        evaluator_env.seed(seed + EVAL_SEED_OFFSET)
+    except BaseException:
+        if collector_env is not None:
+            collector_env.close()
+        raise
+    return collector_env, evaluator_env, env_info
+
+
+def make_policy(cfg: Mapping[str, Any], env_info: Any, enable_field: Optional[Sequence[str]] = None) -> Any:
+    """The policy of ``cfg.policy``, its model's sizes filled from ``env_info`` where the config leaves them out."""
+    policy_cls = resolve_policy_class(cfg["policy"])
+    policy_cfg = dict(to_plain(cfg["policy"]))
+    model_cfg = dict(policy_cfg.get("model") or {})
+    fill_model_from_env(model_cfg, policy_cls.model_class(policy_cfg), env_info)
+    policy_cfg["model"] = model_cfg
+    return policy_cls(policy_cfg, enable_field=enable_field)
+
+
+def make_buffer(cfg: Mapping[str, Any], contract: Any, seed: int) -> Optional[Any]:
+    """The replay buffer the contract names, built from ``cfg.replay_buffer`` (None for on-policy data)."""
+    from nervex.data import BUFFER_REGISTRY
+
+    if contract.buffer_type is None:
+        return None
+    buffer_cls = BUFFER_REGISTRY.get(contract.buffer_type)
+    defaults = merge_defaults(buffer_cls.config, contract.buffer_defaults)
+    kwargs = validate_merge(defaults, cfg.get("replay_buffer") or {}, "replay_buffer")
+    if kwargs.get("seed") is None:
+        kwargs["seed"] = seed
+    return buffer_cls(**kwargs)
+
+
+def make_learner(cfg: Mapping[str, Any], policy: Any, run_dir: Optional[str], logger: Any, writer: Any) -> Any:
+    """A ``BaseLearner`` over the policy's learn mode, with the hooks ``cfg.learner`` asks for."""
+    from nervex.worker.learner import BaseLearner
+
+    return BaseLearner(cfg["learner"], policy.learn_mode, run_dir, logger, writer)
+
+
+def make_actor(
+    cfg: Mapping[str, Any],
+    env_manager: Any,
+    policy: Any,
+    seed: int,
+    callbacks: Optional[Any] = None,
+) -> Any:
+    """A ``SerialActor`` over the policy's collect mode (writing trajectories to ``actor.save_data`` if set)."""
+    from nervex.worker.actor import SerialActor
+
+    writer = None
+    if cfg["actor"].get("save_data"):
+        from nervex.data import TrajectoryWriter
+
+        writer = TrajectoryWriter(cfg["actor"]["save_data"])
+    return SerialActor(cfg["actor"], env_manager, policy.collect_mode, callbacks=callbacks, data_writer=writer, seed=seed)
+
+
+def make_evaluator(cfg: Mapping[str, Any], env_manager: Any, policy: Any) -> Any:
+    """A ``SerialEvaluator`` over the policy's eval mode."""
+    from nervex.worker.actor import SerialEvaluator
+
+    return SerialEvaluator(cfg["evaluator"], env_manager, policy.eval_mode)
+
+
+__all__ = [
+    "config_parts",
+    "env_defaults",
+    "fill_model_from_env",
+    "make_env_managers",
+    "make_policy",
+    "make_buffer",
+    "make_learner",
+    "make_actor",
+    "make_evaluator",
+    "resolve_policy_class",
+    "resolve_env_classes",
+    "ENV_PIPELINE_DEFAULTS",
+    "EVAL_SEED_OFFSET",
+]

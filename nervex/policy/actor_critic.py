@@ -1,0 +1,220 @@
+"""What the actor-critic policies (PPO, A2C) share besides their loss: acting, normalization and GAE samples.
+
+``ActorCriticPolicy`` is their base (Policy -> ActorCriticPolicy -> PPOPolicy: two levels, like DQN's): it owns the
+collect and eval agents, the optional running observation and reward normalizers (as Stable-Baselines3's
+``VecNormalize``), the transition they store and the GAE train samples. A subclass adds its learn mode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from nervex.agent import Agent
+from nervex.config import Field
+from nervex.rl_utils import Adder
+from nervex.torch_utils import CategoricalDist, GaussianDist, ReturnNormalizer, RunningMeanStd
+
+from .base_policy import Output, Policy
+from .common_policy import standard_transition
+
+Dist = Union[CategoricalDist, GaussianDist]
+SAMPLE_FIELDS = ("obs", "action", "logp", "value", "adv", "return")
+SCHEDULES = ("constant", "linear")
+
+# Keys of the ``policy`` section the core reads; PPO and A2C put them in their ``config``.
+ACTOR_CRITIC_CONFIG: Dict[str, Any] = dict(
+    discount_factor=Field(0.99, gt=0, le=1),
+    gae_lambda=Field(0.95, ge=0, le=1),  # 1: Monte-Carlo returns minus value; 0: one-step TD errors
+    normalize=dict(
+        obs=False,  # running mean/std of observations (updated while collecting, saved in checkpoints)
+        reward=False,  # rewards divided by the running std of each env's discounted return
+        clip_obs=Field(10.0, gt=0),
+        clip_reward=Field(10.0, gt=0),
+    ),
+)
+
+
+def dist_from_output(output: Mapping[str, torch.Tensor]) -> Dist:
+    """The action distribution a model's output describes: ``logit`` -> categorical, ``mu``/``sigma`` -> Gaussian.
+
+    Raises:
+        KeyError: the output has neither (the message lists its keys).
+    """
+    if "logit" in output:
+        return CategoricalDist(output["logit"], output.get("action_mask"))
+    if "mu" in output and "sigma" in output:
+        return GaussianDist(output["mu"], output["sigma"])
+    raise KeyError(f"an actor-critic model must output 'logit' or 'mu' and 'sigma', got {sorted(output)}")
+
+
+def explained_variance(value: torch.Tensor, returns: torch.Tensor) -> float:
+    """``1 - Var[return - value] / Var[return]`` (1: the critic explains the returns; <= 0: no better than a constant).
+
+    Shapes:
+        - value, returns: :math:`(B,)`
+    """
+    var = returns.var(unbiased=False)
+    if not var > 0:
+        return float("nan")
+    return float(1.0 - (returns - value).var(unbiased=False) / var)
+
+
+class ActorCriticPolicy(Policy):
+    """The base of PPO and A2C: everything but the learn step.
+
+    The model is a ``ValueAC``-like module (``forward(x, mode)`` with modes ``compute_action_value``,
+    ``compute_action`` and ``compute_value``) that outputs ``logit`` (categorical actions) or ``mu``/``sigma``
+    (Gaussian actions, ``model.action_space: continuous``), and ``value``. This class acts (sampling with the
+    behaviour log-probability, greedy for evaluation), bootstraps values for the actor, keeps the optional running
+    normalizers (saved as the policy's extra state), stores transitions and turns trajectories into GAE samples.
+    A subclass declares its ``config`` (over ``ACTOR_CRITIC_CONFIG``) and implements ``_init_learn`` /
+    ``_forward_learn``; ``evaluate_actions`` gives it the values, log-probs and entropies of a batch.
+    """
+
+    on_policy = True
+    default_model_type = "value_ac"
+
+    _obs_rms: Optional[RunningMeanStd] = None
+    _reward_norm: Optional[ReturnNormalizer] = None
+
+    def _init_shared(self) -> None:
+        cfg = self._cfg
+        self._continuous = cfg.model.get("action_space") == "continuous"
+        self._gamma = float(cfg.discount_factor)
+        self._gae_lambda = float(cfg.gae_lambda)
+        norm = cfg.normalize
+        self._clip_obs = float(norm.clip_obs)
+        if norm.obs:
+            self._obs_rms = RunningMeanStd(obs_shape_of(cfg.model) or ())
+        if norm.reward:
+            self._reward_norm = ReturnNormalizer(self._gamma, clip=float(norm.clip_reward))
+        self._adder = Adder(unroll_len=1)
+
+    def _agent(self, plugin: Optional[str] = None, **kwargs: Any) -> Agent:
+        agent = Agent(self._model)
+        if plugin is not None:
+            agent.add_plugin("main", plugin, **kwargs)
+        agent.add_plugin("main", "grad", enable_grad=False)
+        return agent
+
+    # ---- acting ---------------------------------------------------------------------------------------------
+    def normalize_obs(self, obs: torch.Tensor, update: bool) -> torch.Tensor:
+        """Observations scaled by the running statistics (updated first when ``update``); unchanged when off."""
+        if self._obs_rms is None:
+            return obs
+        if update:
+            self._obs_rms.update(obs.detach().cpu().numpy())
+        return self._obs_rms.normalize(obs, clip=self._clip_obs)
+
+    def _init_collect(self) -> None:
+        plugin = "gaussian_sample" if self._continuous else "multinomial_sample"
+        self._collect_agent = self._agent(plugin)
+        self._value_agent = self._agent()
+
+    def _forward_collect(self, data_id: List[int], data: torch.Tensor) -> Output:
+        """Sample actions: ``action``, ``logp`` (behaviour log-prob), ``value``, and the observation as the model saw
+        it (``model_obs``, only when normalizing) and ``env_id`` (only with reward normalization)."""
+        model_obs = self.normalize_obs(data, update=True)
+        self._model.eval()
+        out = self._collect_agent.forward(model_obs, mode="compute_action_value")
+        output: Dict[str, Any] = {"action": out["action"], "logp": out["logp"], "value": out["value"]}
+        if self._obs_rms is not None:
+            output["model_obs"] = model_obs
+        if self._reward_norm is not None:
+            output["env_id"] = data_id
+        return output
+
+    def _forward_bootstrap(self, data_id: List[int], data: torch.Tensor) -> Output:
+        """``{'value': V(obs)}`` for observations that are not acted on."""
+        self._model.eval()
+        value = self._value_agent.forward(self.normalize_obs(data, update=False), mode="compute_value")["value"]
+        return {"value": value}
+
+    def _process_transition(self, obs: Any, agent_output: Output, timestep: Any) -> Dict[str, Any]:
+        """The standard transition plus ``logp`` and ``value``; ``obs`` as the model saw it (normalized)."""
+        transition = standard_transition(agent_output.get("model_obs", obs), agent_output, timestep)
+        del transition["next_obs"]  # the actor bootstraps from the real next observation; samples do not need it
+        transition["logp"] = agent_output["logp"]
+        transition["value"] = agent_output["value"]
+        if self._reward_norm is not None:
+            transition["raw_reward"] = timestep.reward
+            env_id = int(agent_output["env_id"])
+            transition["reward"] = self._reward_norm.scale(env_id, float(timestep.reward), timestep.done)
+        return transition
+
+    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
+        """GAE advantages and value targets for one env's trajectory (its last value bootstrapped by the actor).
+
+        Raises:
+            RuntimeError: the trajectory ends mid-episode without ``next_value`` (the actor did not bootstrap it).
+        """
+        traj = list(traj_cache)
+        if not traj:
+            return []
+        if not traj[-1]["done"] and "next_value" not in traj[-1]:
+            raise RuntimeError(
+                "an actor-critic trajectory cut mid-episode needs 'next_value' from the actor's bootstrap"
+            )
+        samples = self._adder.get_gae(traj, 0.0, self._gamma, self._gae_lambda)
+        return [{key: sample[key] for key in SAMPLE_FIELDS} for sample in samples]
+
+    def _init_eval(self) -> None:
+        self._eval_agent = (
+            self._agent("gaussian_sample", deterministic=True) if self._continuous else self._agent("argmax_sample")
+        )
+
+    def _forward_eval(self, data_id: List[int], data: torch.Tensor) -> Output:
+        self._model.eval()
+        out = self._eval_agent.forward(self.normalize_obs(data, update=False), mode="compute_action")
+        return {"action": out["action"]}
+
+    # ---- learning helpers -----------------------------------------------------------------------------------
+    def evaluate_actions(
+        self, agent: Agent, data: Mapping[str, torch.Tensor]
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Dist]:
+        """``(value, log_prob(action), entropy, distribution)`` of a batch's stored actions under the current
+        parameters."""
+        output = agent.forward(data["obs"], mode="compute_action_value")
+        dist = dist_from_output(output)
+        action = data["action"] if self._continuous else data["action"].long()
+        return output["value"], dist.log_prob(action), dist.entropy(), dist
+
+    def _get_setting_learn(self, command_info: Dict[str, Any]) -> Dict[str, Any]:
+        learn = self._cfg.learn
+        return {"learning_rate": schedule_value(learn.learning_rate, learn.lr_schedule, command_info)}
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    def _state_dict_extra(self) -> Dict[str, Any]:
+        state: Dict[str, Any] = {}
+        if self._obs_rms is not None:
+            state["obs_rms"] = self._obs_rms.state_dict()
+        if self._reward_norm is not None:
+            state["reward_norm"] = self._reward_norm.state_dict()
+        return state
+
+    def _load_state_dict_extra(self, state: Mapping[str, Any]) -> None:
+        if self._obs_rms is not None and "obs_rms" in state:
+            self._obs_rms.load_state_dict(state["obs_rms"])
+        if self._reward_norm is not None and "reward_norm" in state:
+            self._reward_norm.load_state_dict(state["reward_norm"])
+
+
+def schedule_value(start: float, kind: str, command_info: Mapping[str, Any]) -> float:
+    """``start`` (``constant``) or ``start`` times the fraction of ``max_env_step`` still to go (``linear``, as
+    Stable-Baselines3's ``lin_X`` schedules of learning rate and clip range)."""
+    if kind == "constant":
+        return start
+    progress_remaining = 1.0 - command_info["env_step"] / max(1, command_info["max_env_step"])
+    return start * min(1.0, max(0.0, progress_remaining))
+
+
+def obs_shape_of(model_cfg: Mapping[str, Any]) -> Optional[Tuple[int, ...]]:
+    """The observation shape a model config names (``obs_dim`` or ``obs_shape``), for the running normalizer."""
+    value = model_cfg.get("obs_shape", model_cfg.get("obs_dim"))
+    if value is None:
+        return None
+    return (int(value),) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)

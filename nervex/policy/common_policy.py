@@ -1,0 +1,34 @@
+"""CommonPolicy: a Policy with the transition every single-agent policy stores."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from .base_policy import Output, Policy
+
+
+def standard_transition(obs: Any, agent_output: Output, timestep: Any) -> Dict[str, Any]:
+    """The fields nervex's transitions always hold: ``obs``, ``next_obs``, ``action``, ``reward`` and the three flags.
+
+    ``terminated`` cuts bootstrapping; ``truncated`` (a time limit) does not; ``done`` is either.
+    """
+    info = timestep.info
+    return {
+        "obs": obs,
+        "next_obs": timestep.obs,
+        "action": agent_output["action"],
+        "reward": timestep.reward,
+        "terminated": bool(info.get("terminated", timestep.done)),
+        "truncated": bool(info.get("truncated", False)),
+        "done": bool(timestep.done),
+    }
+
+
+class CommonPolicy(Policy):
+    """A Policy whose transitions are ``standard_transition`` unless a subclass adds fields.
+
+    Subclasses still implement the learn, collect (``_forward_collect``, ``_get_train_sample``) and eval modes.
+    """
+
+    def _process_transition(self, obs: Any, agent_output: Output, timestep: Any) -> Dict[str, Any]:
+        return standard_transition(obs, agent_output, timestep)
