@@ -634,15 +634,18 @@ def print_row_summary(row: Row, libs: Mapping[str, Sequence[Mapping[str, Any]]])
 NERVEX_KEYS = (
     "collector_env_num",
     "n_sample",
+    "rollout_len",
     "batch_size",
     "train_iteration",
     "update_per_collect",
     "epoch_per_collect",
     "n_epoch",
     "learning_rate",
+    "lr_schedule",
     "discount_factor",
     "gae_lambda",
     "clip_ratio",
+    "clip_schedule",
     "entropy_weight",
     "value_weight",
     "grad_clip",
@@ -665,16 +668,23 @@ def find_keys(cfg: Any, names: Sequence[str], prefix: str = "") -> Dict[str, Any
 
 
 def throughput_nervex(row: Row, seed: int, steps: int) -> Tuple[float, Dict[str, Any]]:
-    """Env steps per second of nervex's training loop with evaluation off."""
+    """Env steps per second of nervex's training loop with evaluation off, over the first ``steps`` env steps.
+
+    ``max_env_step`` stays the config's (schedules tied to it run as shipped, like SB3's tied to the zoo's
+    n_timesteps) unless ``steps`` is more; the loop stops at the first iteration that reaches ``steps``.
+    """
+    from nervex.config import read_config
     from nervex.entry import SerialTrainer
 
-    cfg, _ = nervex_config(row, steps, NO_EVAL_FREQ, 1, 1.0e18)
+    shipped = int(float(read_config(os.path.join(ROOT, row.config)).get("max_env_step") or 0))
+    cfg, _ = nervex_config(row, max(shipped, steps), NO_EVAL_FREQ, 1, 1.0e18)
     with tempfile.TemporaryDirectory() as run_root:
         with SerialTrainer(cfg, seed=seed, exp_name=f"zoo_tp_{row.name}", run_root=run_root) as trainer:
             trainer.logger.setLevel("WARNING")
             start = time.perf_counter()
             for _ in trainer:
-                pass
+                if trainer.env_step >= steps:
+                    break
             secs = time.perf_counter() - start
             return trainer.env_step / secs, find_keys(trainer.cfg, NERVEX_KEYS)
 

@@ -286,7 +286,9 @@ class Agent:
     def __repr__(self) -> str:
         plugins = {k: [p.name for p in v] for k, v in self._plugins.items()}
         tracking = {k: u.update_type for k, u in self._updaters.items()}
-        return f"Agent({type(self.model).__name__}, models={list(self._models)}, tracking={tracking}, plugins={plugins})"
+        return (
+            f"Agent({type(self.model).__name__}, models={list(self._models)}, tracking={tracking}, plugins={plugins})"
+        )
 
 
 def _bind(plugin: AgentPlugin, inner: Any, own_kwargs: Dict[str, Any]) -> Any:

@@ -56,7 +56,9 @@ def resolve_policy_class(policy_user: Mapping[str, Any], where: str = "", source
     return _lookup(POLICY_REGISTRY, policy_user["policy_type"], "policy.policy_type", where)
 
 
-def resolve_env_classes(env_user: Mapping[str, Any], where: str = "", source: Optional[str] = None) -> Tuple[type, type]:
+def resolve_env_classes(
+    env_user: Mapping[str, Any], where: str = "", source: Optional[str] = None
+) -> Tuple[type, type]:
     """The env class and env manager class an ``env`` section names."""
     from nervex.envs import get_env_cls
     from nervex.worker.actor import env_manager  # noqa: F401  (registers the managers)
@@ -98,9 +100,7 @@ def _model_check(policy_cls: type) -> Any:
             if key not in valid:
                 close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
                 hint = f"; did you mean 'policy.model.{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
-                raise ConfigError(
-                    f"unknown key 'policy.model.{key}'{where} for model '{model_cls.__name__}'{hint}"
-                )
+                raise ConfigError(f"unknown key 'policy.model.{key}'{where} for model '{model_cls.__name__}'{hint}")
 
     return check
 
@@ -274,7 +274,9 @@ def make_actor(
         from nervex.data import TrajectoryWriter
 
         writer = TrajectoryWriter(cfg["actor"]["save_data"])
-    return SerialActor(cfg["actor"], env_manager, policy.collect_mode, callbacks=callbacks, data_writer=writer, seed=seed)
+    return SerialActor(
+        cfg["actor"], env_manager, policy.collect_mode, callbacks=callbacks, data_writer=writer, seed=seed
+    )
 
 
 def make_evaluator(cfg: Mapping[str, Any], env_manager: Any, policy: Any) -> Any:

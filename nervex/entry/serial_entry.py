@@ -429,9 +429,7 @@ def run_config_of(checkpoint: str) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(checkpoint))), "config.yaml")
 
 
-def load_policy(
-    checkpoint: str, cfg: Optional[Mapping[str, Any]] = None, enable_field: Any = ("eval",)
-) -> Any:
+def load_policy(checkpoint: str, cfg: Optional[Mapping[str, Any]] = None, enable_field: Any = ("eval",)) -> Any:
     """A policy with only the modes it is asked for (eval by default), its state loaded from a checkpoint.
 
     Any checkpoint a learner wrote (``best.pt``, ``final.pt``, ``iteration_N.pt``) loads into any mode: the policy

@@ -16,6 +16,7 @@ The framework does, in one place, what every policy would otherwise repeat:
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 import random
@@ -338,7 +339,9 @@ class Policy(ABC):
         optimizers = state.get("optimizers", {})
         for name, optimizer in self._optimizers().items():
             if name in optimizers:
-                optimizer.load_state_dict(optimizers[name])
+                # torch keeps the given tensors (step, moments) when dtype and device match: copy them, or two
+                # policies loaded from one in-memory state would update each other's moments
+                optimizer.load_state_dict(copy.deepcopy(optimizers[name]))
 
     def state_dict(self) -> Dict[str, Any]:
         """``{'model', 'extra', 'learn'}``: the same format from every mode (``learn`` only with the learn mode)."""

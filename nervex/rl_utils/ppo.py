@@ -24,8 +24,9 @@ ppo_info = namedtuple("ppo_info", ["approx_kl", "clip_fraction"])
 
 
 def _check_ratios(clip_ratio: float, value_clip_ratio: Optional[float], dual_clip: Optional[float]) -> None:
-    if not clip_ratio > 0:
-        raise ValueError(f"ppo_error: clip_ratio must be > 0, got {clip_ratio}")
+    # 0 is allowed: a linear clip schedule reaches it at the end of training (the ratio is then clipped at 1)
+    if not clip_ratio >= 0:
+        raise ValueError(f"ppo_error: clip_ratio must be >= 0, got {clip_ratio}")
     if value_clip_ratio is not None and not value_clip_ratio > 0:
         raise ValueError(f"ppo_error: value_clip_ratio must be > 0 or None (no value clipping), got {value_clip_ratio}")
     if dual_clip is not None and not dual_clip > 1:

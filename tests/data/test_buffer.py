@@ -5,10 +5,9 @@ import threading
 
 import numpy as np
 import pytest
-
-from nervex.config import ConfigError, plain_defaults, validate_merge
 import torch
 
+from nervex.config import ConfigError, plain_defaults, validate_merge
 from nervex.data import PrioritizedBuffer, ReplayBuffer
 
 

@@ -159,7 +159,7 @@ class TestErrors:
     @pytest.mark.parametrize(
         "kwargs, match",
         [
-            (dict(clip_ratio=0.0), "clip_ratio must be > 0"),
+            (dict(clip_ratio=-0.1), "clip_ratio must be >= 0"),
             (dict(value_clip_ratio=-0.1), "value_clip_ratio must be > 0"),
             (dict(dual_clip=1.0), "dual_clip must be > 1"),
         ],
@@ -168,3 +168,14 @@ class TestErrors:
         _, data = make()
         with pytest.raises(ValueError, match=match):
             ppo_error(data, **kwargs)
+
+
+def test_clip_ratio_zero_at_the_end_of_a_linear_schedule_clips_the_ratio_at_one():
+    logp_new = torch.tensor([0.2, -0.2], requires_grad=True)
+    logp_old = torch.zeros(2)
+    adv = torch.tensor([1.0, -1.0])
+    zeros = torch.zeros(2)
+    loss, info = ppo_error(ppo_data(logp_new, logp_old, None, zeros, zeros, adv, zeros, None), clip_ratio=0.0)
+    # min(r * A, 1 * A): r0 = e^0.2 > 1 with A > 0 -> 1; r1 = e^-0.2 < 1 with A < 0 -> 1 * -1; mean(-[1, -1]) = 0
+    assert loss.policy_loss.item() == pytest.approx(0.0)
+    assert info.clip_fraction.item() == 1.0

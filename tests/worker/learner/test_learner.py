@@ -141,7 +141,9 @@ def test_lr_decay_acts_on_every_optimizer_of_the_learn_mode(tmp_path):
 
 def test_learner_section_is_validated_by_the_learner():
     mode = LearnMode(lambda data: {}, lambda: {}, lambda state: None, lambda: {})
-    with pytest.raises(ValueError, match=r"unknown key 'learner.hook.log_show_after'.*did you mean 'learner.hook.log_show_after_iter'"):
+    with pytest.raises(
+        ValueError, match=r"unknown key 'learner.hook.log_show_after'.*did you mean 'learner.hook.log_show_after_iter'"
+    ):
         BaseLearner({"hook": {"log_show_after": 5}}, mode)
     with pytest.raises(ValueError, match=r"key 'learner.lr_decay.type' must be one of 'none', 'linear', 'cosine'"):
         BaseLearner({"lr_decay": {"type": "exp"}}, mode)
