@@ -1,6 +1,6 @@
 """Agent: wraps a model with a target copy and plugins (sampling, grad mode, recurrent state)."""
 
-from .agent import Agent
+from .agent import Agent, set_train_mode
 from .plugins import (
     PLUGIN_REGISTRY,
     AgentPlugin,
@@ -17,6 +17,7 @@ from .target import TargetUpdater
 
 __all__ = [
     "Agent",
+    "set_train_mode",
     "AgentPlugin",
     "ArgmaxSamplePlugin",
     "EpsGreedySamplePlugin",

@@ -219,14 +219,14 @@ class Agent:
         return self.model_forward("target", data, **kwargs)
 
     def mode(self, train: bool) -> None:
-        """Put every model in train (``True``) or eval (``False``) mode."""
+        """Put every model in train (``True``) or eval (``False``) mode (a no-op for models already there)."""
         for model in self._models.values():
-            model.train(train)
+            set_train_mode(model, train)
 
     def target_mode(self, train: bool) -> None:
         """Put the tracking copies in train or eval mode (nerveX's name; ``mode`` covers them too)."""
         for name in self._updaters:
-            self._models[name].train(train)
+            set_train_mode(self._models[name], train)
 
     def reset(self, state_id: Optional[Iterable[int]] = None) -> None:
         """Reset the plugins' per-episode state (recurrent states) for ``state_id``, or all ids when None."""
@@ -289,6 +289,16 @@ class Agent:
         return (
             f"Agent({type(self.model).__name__}, models={list(self._models)}, tracking={tracking}, plugins={plugins})"
         )
+
+
+def set_train_mode(model: nn.Module, train: bool) -> None:
+    """``model.train(train)`` unless the model is already in that mode.
+
+    ``Module.train`` walks every submodule (~50 us for a small actor-critic); actors switch modes on every env step.
+    The top module's flag stands for the whole tree: a submodule switched on its own is not noticed.
+    """
+    if model.training != train:
+        model.train(train)
 
 
 def _bind(plugin: AgentPlugin, inner: Any, own_kwargs: Dict[str, Any]) -> Any:

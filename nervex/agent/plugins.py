@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from nervex.torch_utils.distribution import CategoricalDist, GaussianDist, TanhGaussianDist
 from nervex.utils import Registry
 
 ForwardFn = Callable[[Any], Dict[str, Any]]
@@ -152,10 +153,9 @@ class MultinomialSamplePlugin(_LogitSamplePlugin):
         output = forward(data)
         logit, _ = _masked_logit(output, data, self.name, self.logit_key)
         with torch.no_grad():
-            logp_all = torch.log_softmax(logit, dim=-1)
-            num_actions = logit.shape[-1]
-            action = torch.multinomial(logp_all.exp().reshape(-1, num_actions), 1).reshape(logit.shape[:-1])
-            output["logp"] = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+            dist = CategoricalDist(logit, validate_args=False)  # the mask, if any, is already in the logits
+            action = dist.sample()
+            output["logp"] = dist.log_prob(action)
         output["action"] = action
         return output
 
@@ -194,8 +194,6 @@ class GaussianSamplePlugin(AgentPlugin):
         self.deterministic = bool(deterministic)
 
     def __call__(self, forward: ForwardFn, data: Any, **kwargs: Any) -> Dict[str, Any]:
-        from nervex.torch_utils.distribution import GaussianDist, TanhGaussianDist
-
         output = forward(data)
         missing = [k for k in (self.mu_key, self.sigma_key) if not isinstance(output.get(k), torch.Tensor)]
         if missing:

@@ -49,7 +49,7 @@ def default_exp_name(cfg: Mapping[str, Any], seed: int) -> str:
 def index_batch(batch: Any, index: torch.Tensor) -> Any:
     """Rows ``index`` of every tensor in a (nested) batch dict; other values pass through."""
     if isinstance(batch, torch.Tensor):
-        return batch[index]
+        return batch.index_select(0, index.to(batch.device))
     if isinstance(batch, Mapping):
         return {k: index_batch(v, index) for k, v in batch.items()}
     return batch
@@ -190,9 +190,10 @@ class SerialTrainer:
         sums: Dict[str, float] = {}
         steps = 0
         for _ in range(self.contract.learn.epoch_per_collect):
-            order = torch.randperm(n, generator=self._shuffle)
+            # one minibatch of the whole rollout: its gradient is a mean over all samples, so order is irrelevant
+            order = torch.randperm(n, generator=self._shuffle) if size < n else None
             for start in range(0, n, size):
-                minibatch = index_batch(batch, order[start : start + size])
+                minibatch = batch if order is None else index_batch(batch, order[start : start + size])
                 info = self.learner.train(minibatch, self.env_step, setting)
                 self.callbacks.on_learn_on_batch(self, minibatch, info)
                 _accumulate(sums, info)

@@ -78,12 +78,16 @@ def _float32_box(space: gym.Space) -> Optional[gym.spaces.Box]:
 
 
 def _discrete_action(action: Any) -> Any:
-    if type(action) is int:
+    # a NumPy integer scalar: gymnasium's Discrete.contains (asserted in every CartPole step) takes its fast path for
+    # those, and builds an np.iinfo for a Python int (5 us of a 13 us step)
+    if isinstance(action, np.integer):
         return action
+    if type(action) is int:
+        return np.int64(action)
     try:
-        return action.item()  # NumPy scalars / 0-d or 1-element arrays, torch tensors
+        return np.int64(action.item())  # 0-d or 1-element arrays, torch tensors
     except AttributeError:
-        return int(action)
+        return np.int64(int(action))
 
 
 def _box_action(space: gym.spaces.Box) -> Callable[[Any], np.ndarray]:

@@ -14,8 +14,10 @@ from typing import Dict, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from nervex.torch_utils import MLP
+from nervex.torch_utils.fused_mlp import mlp_forward, mlps_forward
 from nervex.torch_utils.network import init_orthogonal_, nature_cnn
 from nervex.utils import MODEL_REGISTRY
 
@@ -128,6 +130,11 @@ class ValueAC(nn.Module):
         self.value_head = nn.Linear(value_dim, 1)
         if action_space == "continuous":
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
+        # separate trunks run with their head as one fused MLP (one autograd node each; see fused_mlp)
+        self._policy_plan = self._value_plan = None
+        if not self.share_encoder and policy_trunk._fused is not None and value_trunk._fused is not None:
+            self._policy_plan = policy_trunk._fused + [(self.action_head, None)]
+            self._value_plan = value_trunk._fused + [(self.value_head, None)]
         if ortho_init:
             for trunk in (self.encoder, self.policy_net, self.value_net):
                 init_orthogonal_(trunk, TRUNK_GAIN)
@@ -158,16 +165,32 @@ class ValueAC(nn.Module):
             x = x.float()
         features = self.encoder(x.flatten(start_dim=x.dim() - len(self.obs_shape)))
         output: Dict[str, torch.Tensor] = {}
+        if mode == "compute_action_value" and self._policy_plan is not None:
+            # both trunks in one fused node: they read the same features
+            action_out, value = mlps_forward(features, [self._policy_plan, self._value_plan])
+            self._action_output(action_out, output)
+            output["value"] = value.squeeze(-1)
+            return output
         if mode != "compute_value":
-            action_out = self.action_head(self.policy_net(features))
-            if self.action_space == "discrete":
-                output["logit"] = action_out
+            if self._policy_plan is not None:
+                action_out = mlp_forward(features, self._policy_plan)
             else:
-                output["mu"] = action_out
-                output["sigma"] = self.log_std.exp().expand_as(action_out)
+                action_out = F.linear(self.policy_net(features), self.action_head.weight, self.action_head.bias)
+            self._action_output(action_out, output)
         if mode != "compute_action":
-            output["value"] = self.value_head(self.value_net(features)).squeeze(-1)
+            if self._value_plan is not None:
+                value = mlp_forward(features, self._value_plan)
+            else:
+                value = F.linear(self.value_net(features), self.value_head.weight, self.value_head.bias)
+            output["value"] = value.squeeze(-1)
         return output
+
+    def _action_output(self, action_out: torch.Tensor, output: Dict[str, torch.Tensor]) -> None:
+        if self.action_space == "discrete":
+            output["logit"] = action_out
+        else:
+            output["mu"] = action_out
+            output["sigma"] = self.log_std.exp().expand_as(action_out)
 
 
 class ConvValueAC(nn.Module):

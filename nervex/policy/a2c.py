@@ -7,9 +7,10 @@ from typing import Any, Dict, Optional
 import torch
 
 from nervex.agent import Agent
+from nervex.agent.agent import set_train_mode
 from nervex.config import Field, merge_defaults
 from nervex.rl_utils import a2c_data, a2c_error
-from nervex.torch_utils import Adam
+from nervex.torch_utils import Adam, clip_grad_norm
 
 from .actor_critic import ACTOR_CRITIC_CONFIG, SCHEDULES, ActorCriticPolicy, explained_variance
 from .base_policy import register_policy
@@ -63,8 +64,10 @@ class A2CPolicy(ActorCriticPolicy):
         if learning_rate is not None:
             for group in self._optimizer.param_groups:
                 group["lr"] = learning_rate
-        self._model.train()
+        set_train_mode(self._model, True)
         value, logp, entropy, dist = self.evaluate_actions(self._learn_agent, data)
+        if learn.entropy_weight == 0:
+            entropy = entropy.detach()  # still logged, but no gradient to carry back
         adv = data["adv"]
         if learn.adv_norm and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -73,7 +76,7 @@ class A2CPolicy(ActorCriticPolicy):
         self._optimizer.zero_grad(set_to_none=True)
         total.backward()
         if learn.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self._model.parameters(), learn.grad_clip)
+            clip_grad_norm(self._model.parameters(), learn.grad_clip)
         self._optimizer.step()
         figures = torch.stack([total, loss.policy_loss, loss.value_loss, loss.entropy_loss]).tolist()
         out: Dict[str, Any] = dict(zip(("total_loss", "policy_loss", "value_loss", "entropy_loss"), figures))

@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from nervex.agent import Agent
+from nervex.agent.agent import set_train_mode
 from nervex.config import Field, merge_defaults
 from nervex.rl_utils import ppo_data, ppo_error
 from nervex.torch_utils import Adam
@@ -52,7 +53,8 @@ class PPOPolicy(ActorCriticPolicy):
 
     def _init_learn(self) -> None:
         learn = self._cfg.learn
-        self._optimizer = Adam(self._model.parameters(), lr=learn.learning_rate, eps=learn.adam_eps)
+        clip = dict(grad_clip_type="clip_norm", clip_value=float(learn.grad_clip)) if learn.grad_clip > 0 else {}
+        self._optimizer = Adam(self._model.parameters(), lr=learn.learning_rate, eps=learn.adam_eps, **clip)
         self._learn_agent = Agent(self._model)
         self._learn_agent.add_plugin("main", "grad", enable_grad=True)
 
@@ -64,8 +66,10 @@ class PPOPolicy(ActorCriticPolicy):
             for group in self._optimizer.param_groups:
                 group["lr"] = learning_rate
         clip = learn.clip_ratio if clip_ratio is None else clip_ratio
-        self._model.train()
+        set_train_mode(self._model, True)
         value, logp, entropy, dist = self.evaluate_actions(self._learn_agent, data)
+        if learn.entropy_weight == 0:
+            entropy = entropy.detach()  # still logged, but no gradient to carry back
         adv = data["adv"]
         if learn.adv_norm and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -78,9 +82,7 @@ class PPOPolicy(ActorCriticPolicy):
         total = loss.policy_loss + learn.value_weight * loss.value_loss + learn.entropy_weight * loss.entropy_loss
         self._optimizer.zero_grad(set_to_none=True)
         total.backward()
-        if learn.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self._model.parameters(), learn.grad_clip)
-        self._optimizer.step()
+        self._optimizer.step()  # clips the gradients' global norm to learn.grad_clip first
         # one host copy for every figure instead of an .item() each
         figures = torch.stack(
             [total, loss.policy_loss, loss.value_loss, loss.entropy_loss, info.approx_kl, info.clip_fraction]

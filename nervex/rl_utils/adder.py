@@ -1,8 +1,8 @@
 """Adder: turns the actor's trajectory cache into train samples (see docs/internals.md, "Transitions and train
 samples").
 
-Samples are NumPy and Python values (the replay buffer converts them to tensors); ``get_gae`` borrows the torch
-``gae`` on CPU internally so the arithmetic lives in one place. The Adder never mutates the transitions it is given, because ``get_traj`` pushes the same
+Samples are NumPy and Python values (the replay buffer converts them to tensors); ``get_gae`` calls ``gae`` with
+NumPy arrays, so the arithmetic lives in one place. The Adder never mutates the transitions it is given, because ``get_traj`` pushes the same
 transition objects back into the cache so that consecutive trajectories overlap; every method that changes a field
 returns new (shallow-copied) dicts.
 """
@@ -14,7 +14,6 @@ from collections import deque
 from typing import Any, Dict, List, Sequence
 
 import numpy as np
-import torch
 
 from .gae import gae, gae_data
 
@@ -209,39 +208,39 @@ class Adder:
         data = list(data)
         if not data:
             return []
-        value = np.stack([np.asarray(tr["value"], dtype=np.float32) for tr in data])
-        next_value = np.stack([self._next_value(data, t, value, last_value) for t in range(len(data))])
-        tensors = [torch.from_numpy(value), torch.from_numpy(next_value)]
-        for key in ("reward", "terminated", "truncated"):
-            field = np.asarray([tr[key] for tr in data], dtype=np.float32)
-            # A per-step scalar (the usual reward and flags) applies to every element of a vector value.
-            field = field.reshape(field.shape + (1,) * (value.ndim - field.ndim))
-            tensors.append(torch.tensor(np.broadcast_to(field, value.shape)))
-        adv = gae(gae_data(*tensors), gamma, gae_lambda).numpy()
-        samples = []
-        for t, transition in enumerate(data):
-            sample = dict(transition)
-            sample["adv"] = adv[t]
-            sample["return"] = adv[t] + value[t]
-            samples.append(sample)
-        return samples
-
-    @staticmethod
-    def _next_value(data: List[Transition], t: int, value: np.ndarray, last_value: float) -> np.ndarray:
-        """``V`` of ``data[t]['next_obs']`` as :meth:`get_gae` documents it."""
-        transition = data[t]
-        if transition["terminated"]:
-            return np.zeros_like(value[t])
-        if "next_value" in transition:
-            return np.asarray(transition["next_value"], dtype=np.float32).reshape(value[t].shape)
-        if t == len(data) - 1:
-            return np.broadcast_to(np.asarray(last_value, dtype=np.float32), value[t].shape).copy()
-        if transition["truncated"]:
+        value = np.array([tr["value"] for tr in data], dtype=np.float32)
+        terminated = np.array([tr["terminated"] for tr in data], dtype=bool)
+        truncated = np.array([tr["truncated"] for tr in data], dtype=bool)
+        reward = np.array([tr["reward"] for tr in data], dtype=np.float32)
+        next_value = np.empty_like(value)
+        next_value[:-1] = value[1:]
+        next_value[-1] = last_value
+        given = [t for t, tr in enumerate(data) if "next_value" in tr]
+        for t in given:
+            next_value[t] = np.asarray(data[t]["next_value"], dtype=np.float32).reshape(value.shape[1:])
+        missing = truncated[:-1] & ~terminated[:-1]
+        missing[given[:-1] if given and given[-1] == len(data) - 1 else given] = False
+        if missing.any():
+            t = int(np.flatnonzero(missing)[0])
             raise ValueError(
                 f"Adder.get_gae: transition {t} of {len(data)} is truncated but is not the last one and has no "
                 f"'next_value'; store V(next_obs) as 'next_value' in truncated transitions, or end the data there"
             )
-        return value[t + 1]
+        next_value[terminated] = 0.0
+        fields = []
+        for field in (reward, terminated, truncated):
+            # A per-step scalar (the usual reward and flags) applies to every element of a vector value.
+            field = field.reshape(field.shape + (1,) * (value.ndim - field.ndim))
+            fields.append(np.broadcast_to(field, value.shape))
+        adv = gae(gae_data(value, next_value, *fields), gamma, gae_lambda)
+        ret = adv + value
+        samples = []
+        for t, transition in enumerate(data):
+            sample = dict(transition)
+            sample["adv"] = adv[t]
+            sample["return"] = ret[t]
+            samples.append(sample)
+        return samples
 
 
 def _stack_dicts(chunk: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import numpy as np
 import torch
 
 gae_data = namedtuple("gae_data", ["value", "next_value", "reward", "terminated", "truncated"])
@@ -25,8 +26,8 @@ def gae(data: gae_data, gamma: float = 0.99, lambda_: float = 0.97) -> torch.Ten
     sequence, several episodes share one array, and a cut sequence end bootstrap correctly.
 
     Args:
-        data: ``gae_data(value, next_value, reward, terminated, truncated)``; ``terminated``/``truncated`` may be
-            bool or float tensors.
+        data: ``gae_data(value, next_value, reward, terminated, truncated)``: torch tensors, or NumPy arrays (the
+            result is then a NumPy array); ``terminated``/``truncated`` may be bool or float.
         gamma: Discount factor.
         lambda_: The GAE lambda (0: one-step TD error, 1: Monte-Carlo return minus value).
 
@@ -45,13 +46,23 @@ def gae(data: gae_data, gamma: float = 0.99, lambda_: float = 0.97) -> torch.Ten
     shapes = {name: tuple(t.shape) for name, t in zip(gae_data._fields, data)}
     if len(set(shapes.values())) != 1:
         raise ValueError(f"gae: every field of gae_data must have the same (T, B) shape, got {shapes}")
-    dtype = value.dtype
-    not_terminated = 1.0 - terminated.to(dtype)
-    not_end = (1.0 - terminated.to(dtype)) * (1.0 - truncated.to(dtype))
-    delta = reward.to(dtype) + gamma * not_terminated * next_value - value
-    adv = torch.empty_like(delta)
-    running = torch.zeros_like(delta[0])
+    if isinstance(value, torch.Tensor):
+        dtype = value.dtype
+        not_terminated = 1.0 - terminated.to(dtype)
+        not_end = not_terminated * (1.0 - truncated.to(dtype))
+        delta = reward.to(dtype) + gamma * not_terminated * next_value - value
+        adv = torch.empty_like(delta)
+        running = torch.zeros_like(delta[0])
+    else:
+        # NumPy arrays: the actor's per-trajectory GAE, where one torch op per step would cost more than the math
+        dtype = np.result_type(value.dtype, np.float32)
+        not_terminated = 1.0 - np.asarray(terminated, dtype=dtype)
+        not_end = not_terminated * (1.0 - np.asarray(truncated, dtype=dtype))
+        delta = np.asarray(reward, dtype=dtype) + gamma * not_terminated * next_value - value
+        adv = np.empty_like(delta)
+        running = np.zeros_like(delta[0])
+    decay = gamma * lambda_
     for t in reversed(range(delta.shape[0])):
-        running = delta[t] + gamma * lambda_ * not_end[t] * running
+        running = delta[t] + decay * not_end[t] * running
         adv[t] = running
     return adv

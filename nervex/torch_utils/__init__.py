@@ -5,7 +5,7 @@ from .data_helper import collate, decollate, to_device, to_ndarray, to_tensor
 from .distribution import CategoricalDist, GaussianDist, TanhGaussianDist
 from .network import MLP, conv2d_block, fc_block, get_activation
 from .normalizer import ReturnNormalizer, RunningMeanStd
-from .optimizer import Adam
+from .optimizer import Adam, clip_grad_norm
 
 __all__ = [
     "to_tensor",
@@ -14,6 +14,7 @@ __all__ = [
     "collate",
     "decollate",
     "Adam",
+    "clip_grad_norm",
     "save_checkpoint",
     "load_checkpoint",
     "check_checkpoint_state",

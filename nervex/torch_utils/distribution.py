@@ -93,9 +93,15 @@ class CategoricalDist:
 
     @torch.no_grad()
     def sample(self) -> torch.Tensor:
-        """Draw one action per row: int64, :math:`(*)`."""
-        flat = self.probs.reshape(-1, self.logit.shape[-1])
-        return torch.multinomial(flat, 1).reshape(self.batch_shape)
+        """Draw one action per row: int64, :math:`(*)`.
+
+        Inverse-CDF sampling: the first action whose cumulative probability exceeds ``u ~ U[0, total)``. It is exact,
+        never picks a zero-probability (masked) action, and costs a few elementwise kernels where
+        ``torch.multinomial`` costs ~35 us even for a handful of rows.
+        """
+        cdf = self.probs.cumsum(-1)
+        u = torch.rand(cdf.shape[:-1] + (1,), device=cdf.device, dtype=cdf.dtype) * cdf[..., -1:]
+        return (cdf <= u).sum(-1)
 
     def mode(self) -> torch.Tensor:
         """The most likely legal action per row: int64, :math:`(*)`."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Dict, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+
+from .fused_mlp import FUSED_ACTIVATIONS, mlp_forward
 
 ACTIVATIONS: Dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -132,9 +134,22 @@ class MLP(nn.Module):
             width = int(out_dim)
         self.layers = nn.Sequential(*layers)
         self.out_dim = width
+        # With a tanh or relu and no LayerNorm, the layers run as one autograd node (fused_mlp): for the small
+        # networks of RL, nn.Module calls and per-layer autograd nodes cost more than the matmuls.
+        self._fused: Optional[List[Tuple[nn.Linear, Optional[str]]]] = None
+        if (
+            not layer_norm
+            and activation in FUSED_ACTIVATIONS
+            and all(isinstance(block, (nn.Sequential, nn.Linear)) for block in layers)
+        ):
+            self._fused = [
+                (block[0], activation) if isinstance(block, nn.Sequential) else (block, None) for block in layers
+            ]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+        if self._fused is None or not self._fused or torch.jit.is_scripting():
+            return self.layers(x)
+        return mlp_forward(x, self._fused)
 
 
 def init_orthogonal_(module: nn.Module, gain: float = 1.0) -> nn.Module:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -23,6 +23,40 @@ def _check_choice(value: Optional[str], valid: Tuple[str, ...], arg: str) -> Non
 def _check_positive(value: float, arg: str, enabled_by: str) -> None:
     if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
         raise ValueError(f"Adam: {arg} must be a positive finite number when {enabled_by} is set, got {value!r}")
+
+
+def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients of ``params`` together so their global L2 norm is at most ``max_norm``.
+
+    The result of ``torch.nn.utils.clip_grad_norm_`` (coefficient ``max_norm / (norm + 1e-6)`` capped at 1) at about
+    half its cost for the one-device, one-dtype parameter lists of RL models: on the CPU one norm of the concatenated
+    gradients and a multiply only when something is clipped; on an accelerator three foreach kernels, no sync.
+
+    Args:
+        params: Parameters; those without a gradient are skipped.
+        max_norm: The largest global norm left after clipping.
+
+    Returns:
+        The global norm before clipping (a 0-dim tensor).
+    """
+    params = [p for p in params if p.grad is not None]
+    grads = [p.grad for p in params]
+    if not grads:
+        return torch.zeros(())
+    if len({(g.device, g.dtype) for g in grads}) > 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if grads[0].device.type == "cpu":
+        # one norm over the concatenated gradients: on the CPU _foreach_norm is a loop of per-tensor norms
+        total = torch.cat([g.reshape(-1) for g in grads]).norm()
+        # on the CPU reading the norm costs nothing: skip the multiply when nothing is clipped, and multiply by a
+        # Python float (a tensor scalar is copied once per gradient)
+        coef = max_norm / (float(total) + 1e-6)
+        if coef < 1.0:
+            torch._foreach_mul_(grads, coef)
+        return total
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp_(max=1.0))
+    return total
 
 
 def _fused_supported(params: List[Any]) -> bool:
@@ -82,6 +116,8 @@ class Adam(torch.optim.Adam):
         if grad_ignore_type is not None:
             _check_positive(ignore_value, "ignore_value", "grad_ignore_type")
         params = list(params)
+        self._lean = None
+        self._all_params: List[torch.Tensor] = []  # set before torch's __init__, whose add_param_group refreshes it
         if "fused" not in kwargs and "foreach" not in kwargs and _fused_supported(params):
             # one fused kernel instead of a Python loop over parameters: ~30% off a small net's learner step
             kwargs["fused"] = True
@@ -91,6 +127,98 @@ class Adam(torch.optim.Adam):
         self.grad_ignore_type = grad_ignore_type
         self.ignore_value = float(ignore_value)
         self.ignored_steps = 0
+        self._lean: Optional[List[Tuple[Dict[str, Any], List[List[torch.Tensor]]]]] = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients (to None by default) without torch's per-call profiler bookkeeping."""
+        if not set_to_none:
+            super().zero_grad(set_to_none=False)
+            return
+        for p in self._all_params:
+            p.grad = None
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._lean = None  # the state tensors are replaced: the cached lists would point at the old ones
+        super().load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        self._lean = None
+        super().add_param_group(param_group)
+        self._all_params = [p for group in self.param_groups for p in group["params"]]
+
+    def _lean_lists(self) -> Optional[List[Tuple[Dict[str, Any], List[List[torch.Tensor]]]]]:
+        """Per group: ``(group, [params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps])`` for the fused kernel, or
+        None when the lean step does not apply (see ``step``)."""
+        if self._lean is not None:
+            return self._lean
+        lean = []
+        for group in self.param_groups:
+            if not group.get("fused") or group.get("capturable") or group.get("differentiable"):
+                return None
+            if group.get("decoupled_weight_decay"):
+                return None
+            params = group["params"]
+            states = [self.state.get(p) for p in params]
+            if not params or any(not st for st in states) or len({(p.device, p.dtype) for p in params}) != 1:
+                return None
+            if any(p.is_complex() for p in params):
+                return None
+            steps = [st["step"] for st in states]
+            if len({float(step) for step in steps}) == 1:
+                # every parameter of the group has taken every step: one counter serves them all, so the step
+                # costs one add instead of one (scalar-copying) add per parameter
+                shared = steps[0]
+                for st in states:
+                    st["step"] = shared
+                steps = [shared] * len(states)
+            lists = [
+                list(params),
+                [st["exp_avg"] for st in states],
+                [st["exp_avg_sq"] for st in states],
+                [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
+                steps,
+            ]
+            lean.append((group, lists))
+        self._lean = lean
+        return lean
+
+    def _lean_step(self) -> bool:
+        """The fused Adam kernel called straight on cached tensor lists (what ``torch.optim.Adam`` ends up doing,
+        without re-collecting the state every step: ~130 us of a small net's ~150 us step). False when it does not
+        apply: a parameter without a gradient, state not created yet, several devices or dtypes in a group."""
+        lean = self._lean_lists()
+        if lean is None:
+            return False
+        grads_per_group = []
+        for _, (params, *_rest) in lean:
+            grads = [p.grad for p in params]
+            if any(g is None or g.is_sparse for g in grads):
+                return False
+            grads_per_group.append(grads)
+        for (group, (params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)), grads in zip(lean, grads_per_group):
+            beta1, beta2 = group["betas"]
+            if all(step is steps[0] for step in steps):
+                steps[0].add_(1)
+            else:
+                torch._foreach_add_(steps, 1)
+            torch._fused_adam_(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                max_exp_avg_sqs,
+                steps,
+                amsgrad=group["amsgrad"],
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=group["maximize"],
+                grad_scale=None,
+                found_inf=None,
+            )
+        return True
 
     def _params_with_grad(self) -> List[torch.Tensor]:
         return [p for group in self.param_groups for p in group["params"] if p.grad is not None]
@@ -125,8 +253,9 @@ class Adam(torch.optim.Adam):
             self.ignored_steps += 1
             return loss
         if self.grad_clip_type == "clip_norm" and params:
-            torch.nn.utils.clip_grad_norm_(params, self.clip_value, norm_type=2.0)
+            clip_grad_norm(params, self.clip_value)
         elif self.grad_clip_type == "clip_value" and params:
             torch.nn.utils.clip_grad_value_(params, self.clip_value)
-        super().step()
+        if not self._lean_step():
+            super().step()
         return loss

@@ -53,3 +53,21 @@ def test_shape_mismatch():
     z = torch.zeros(3, 2)
     with pytest.raises(ValueError, match=r"same \(T, B\) shape.*'reward': \(2, 3\)"):
         gae(gae_data(z, z, torch.zeros(2, 3), z, z))
+
+
+def test_numpy_gae_equals_the_torch_one():
+    """The actor computes GAE on NumPy arrays; the same function on tensors is the oracle."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    value, next_value, reward = (rng.normal(size=(12, 3)).astype(np.float32) for _ in range(3))
+    terminated = rng.random((12, 3)) < 0.2
+    truncated = (rng.random((12, 3)) < 0.2) & ~terminated
+    expected = gae(
+        gae_data(*(torch.from_numpy(np.asarray(a)) for a in (value, next_value, reward, terminated, truncated))),
+        0.9,
+        0.8,
+    ).numpy()
+    got = gae(gae_data(value, next_value, reward, terminated, truncated), 0.9, 0.8)
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)

@@ -213,3 +213,14 @@ class TestTanhGaussian:
     def test_bad_bounds_raise(self, low, high, match):
         with pytest.raises(ValueError, match=match):
             TanhGaussianDist(torch.zeros(2), torch.ones(2), low, high)
+
+
+def test_categorical_sample_frequencies_follow_the_probabilities_and_skip_masked_actions():
+    torch.manual_seed(0)
+    logit = torch.log(torch.tensor([[0.1, 0.0, 0.6, 0.3]]).clamp_min(1e-30)).expand(200_000, 4)
+    mask = torch.tensor([[True, False, True, True]]).expand(200_000, 4)
+    sample = CategoricalDist(logit, mask).sample()
+    counts = torch.bincount(sample, minlength=4).double() / 200_000
+    assert counts[1] == 0  # never a masked action
+    torch.testing.assert_close(counts, torch.tensor([0.1, 0.0, 0.6, 0.3], dtype=torch.float64), atol=0.004, rtol=0)
+    assert sample.dtype == torch.int64 and sample.shape == (200_000,)

@@ -1,0 +1,133 @@
+"""The fused MLP and the lean optimizer paths equal their PyTorch references."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from nervex.torch_utils import MLP, Adam, clip_grad_norm
+from nervex.torch_utils.fused_mlp import _MLPFunction, mlp_forward, tanh_
+
+
+def reference(mlp: MLP, x: torch.Tensor) -> torch.Tensor:
+    return mlp.layers(x)  # the plain nn.Sequential the fused path replaces
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("out_dim", [None, 3])
+def test_forward_and_gradients_equal_autograd(activation, out_dim):
+    torch.manual_seed(0)
+    mlp = MLP(5, [16, 8], out_dim=out_dim, activation=activation)
+    assert mlp._fused is not None
+    twin = copy.deepcopy(mlp)
+    x = torch.randn(2, 7, 5, requires_grad=True)  # leading (T, B) dims
+    x_ref = x.detach().clone().requires_grad_(True)
+    out, ref = mlp(x), reference(twin, x_ref)
+    assert out.shape == ref.shape == (2, 7, out_dim or 8)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    weight = torch.randn_like(out)
+    (out * weight).sum().backward()
+    (ref * weight).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-6)
+    for p, q in zip(mlp.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("acts", [("tanh", "tanh", None), ("relu", None)])
+def test_gradcheck_in_float64(acts):
+    torch.manual_seed(1)
+    dims = [3, 4, 5, 2][: len(acts) + 1]
+    weights = []
+    for d_in, d_out in zip(dims[:-1], dims[1:]):
+        weights += [torch.randn(d_out, d_in, dtype=torch.float64, requires_grad=True)]
+        weights += [torch.randn(d_out, dtype=torch.float64, requires_grad=True)]
+    x = torch.randn(6, dims[0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, *w: _MLPFunction.apply(x, (acts,), *w), (x, *weights))
+
+
+def test_two_mlps_on_one_input_gradcheck_and_an_unused_output():
+    torch.manual_seed(2)
+
+    def params(dims):
+        out = []
+        for d_in, d_out in zip(dims[:-1], dims[1:]):
+            out += [torch.randn(d_out, d_in, dtype=torch.float64, requires_grad=True)]
+            out += [torch.randn(d_out, dtype=torch.float64, requires_grad=True)]
+        return out
+
+    structure = (("tanh", None), ("relu", "tanh", None))
+    weights = params([3, 4, 2]) + params([3, 5, 4, 1])
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+
+    def both(x, *w):
+        a, b = _MLPFunction.apply(x, structure, *w)
+        return a.sum(-1) * 0.5 + b.squeeze(-1)
+
+    assert torch.autograd.gradcheck(both, (x, *weights))
+    a, b = _MLPFunction.apply(x, structure, *weights)
+    b.sum().backward()  # the first MLP's output is unused: its weights get no gradient
+    assert weights[0].grad is None and weights[4].grad is not None and x.grad is not None
+
+
+def test_no_grad_forward_equals_and_builds_no_graph():
+    mlp = MLP(4, [32], activation="tanh")
+    x = torch.randn(9, 4)
+    with torch.no_grad():
+        out = mlp(x)
+    assert out.grad_fn is None
+    torch.testing.assert_close(out, reference(mlp, x).detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_numpy_tanh_matches_torch_within_an_ulp():
+    x = torch.linspace(-20, 20, 100_001)
+    np.testing.assert_allclose(tanh_(x.clone()).numpy(), torch.tanh(x).numpy(), rtol=0, atol=1.2e-7)
+    strided = torch.randn(6, 4).t()  # not contiguous: torch's own tanh, in place
+    expected = torch.tanh(strided)
+    assert torch.equal(tanh_(strided), expected)
+
+
+def test_layer_norm_and_other_activations_use_the_module_path():
+    assert MLP(4, [8], activation="tanh", layer_norm=True)._fused is None
+    assert MLP(4, [8], activation="sigmoid")._fused is None
+    head = nn.Linear(8, 2)
+    out = mlp_forward(torch.randn(3, 8), [(head, None)])
+    assert out.shape == (3, 2)
+
+
+def test_lean_adam_step_is_bitwise_torch_fused_adam_also_after_reload_and_lr_change():
+    torch.manual_seed(0)
+    ours_model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+    ref_model = copy.deepcopy(ours_model)
+    ours = Adam(ours_model.parameters(), lr=1e-3, weight_decay=0.01, amsgrad=True)
+    ref = torch.optim.Adam(ref_model.parameters(), lr=1e-3, weight_decay=0.01, amsgrad=True, fused=True)
+    x = torch.randn(32, 4)
+    for i in range(12):
+        for model, opt in ((ours_model, ours), (ref_model, ref)):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+            if i == 5:
+                opt.param_groups[0]["lr"] = 3e-4
+        if i == 8:
+            ours.load_state_dict(copy.deepcopy(ours.state_dict()))  # the cached lists must follow the new state
+    assert ours._lean is not None
+    for p, q in zip(ours_model.parameters(), ref_model.parameters()):
+        assert torch.equal(p, q)
+    assert all(float(st["step"]) == 12 for st in ours.state.values())
+
+
+def test_clip_grad_norm_equals_torch():
+    torch.manual_seed(0)
+    for scale in (0.01, 100.0):  # nothing to clip, then clipped
+        a = [torch.randn(5, 3, requires_grad=True), torch.randn(7, requires_grad=True)]
+        b = [t.detach().clone().requires_grad_(True) for t in a]
+        for t, u in zip(a, b):
+            t.grad = torch.randn_like(t) * scale
+            u.grad = t.grad.clone()
+        norm = clip_grad_norm(a, 1.0)
+        ref = torch.nn.utils.clip_grad_norm_(b, 1.0)
+        torch.testing.assert_close(norm, ref)
+        for t, u in zip(a, b):
+            torch.testing.assert_close(t.grad, u.grad)
