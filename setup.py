@@ -31,6 +31,7 @@ setup(
             "opencv-python-headless>=4.8",
             "mujoco>=3.0",
             "imageio>=2.14",
+            "gymnasium[box2d]>=1.0",  # LunarLander configs are smoke-tested too
         ],
         "fast": [],  # kept for old install commands: numba, which it used to add, is now a dependency
         "bench": [
@@ -42,7 +43,8 @@ setup(
             "gymnasium[box2d]>=1.0",  # LunarLander
         ],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],  # cv2: the reference INTER_AREA resize
-        "mujoco": ["mujoco>=3.0", "imageio>=2.14"],  # gymnasium.envs.mujoco imports imageio
+        "mujoco": ["mujoco>=3.0", "imageio>=2.14"],
+        "box2d": ["gymnasium[box2d]>=1.0"],  # a cp311 box2d wheel: no swig needed  # gymnasium.envs.mujoco imports imageio
         "dist": ["flask>=3.0", "requests>=2.31"],
     },
     entry_points={"console_scripts": ["nervex=nervex.entry.cli:main"]},

@@ -2,9 +2,16 @@
 
 import os
 
+import pytest
+
 from nervex.config import compile_config, read_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = [
+    "app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml",
+    "app_zoo/classic_control/cartpole/config/cartpole_ppo.yaml",
+    "app_zoo/classic_control/cartpole/config/cartpole_a2c.yaml",
+]
 
 
 def flat_keys(cfg, prefix=""):
@@ -16,12 +23,37 @@ def flat_keys(cfg, prefix=""):
             yield path
 
 
-def test_config_reference_covers_every_key():
+@pytest.mark.parametrize("config", CONFIGS)
+def test_config_reference_covers_every_key(config):
     with open(os.path.join(ROOT, "docs", "config_reference.md"), encoding="utf-8") as f:
         text = f.read()
-    cfg = compile_config(read_config(os.path.join(ROOT, "app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml")))
+    cfg = compile_config(read_config(os.path.join(ROOT, config)))
     cfg.env.manager_type = "subprocess"
     missing = [k for k in flat_keys(cfg) if f"`{k}`" not in text]
     assert not missing, f"keys missing from docs/config_reference.md: {missing}"
     for key in ("env.manager.worker_num", "env.manager.step_timeout"):  # subprocess manager options
         assert f"`{key}`" in text
+
+
+def test_the_quickstart_policy_trains(tmp_path):
+    """The nervex-style policy and YAML of docs/quickstart.md run as printed."""
+    import re
+    import subprocess
+    import sys
+
+    with open(os.path.join(ROOT, "docs", "quickstart.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index("### nervex's style") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    yaml_text = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "my_dqn.py").write_text(code)
+    (tmp_path / "my.yaml").write_text(yaml_text + "max_env_step: 20000\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "nervex", "-c", str(tmp_path / "my.yaml"), "--run-root", str(tmp_path), "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "done: evaluation mean" in out.stdout and ">= stop_val 195" in out.stdout, out.stdout + out.stderr[-2000:]

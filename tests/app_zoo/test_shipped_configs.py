@@ -1,0 +1,39 @@
+"""Every shipped config compiles and trains for a few iterations (shrunk so the whole set takes seconds)."""
+
+import glob
+import os
+
+import pytest
+
+from nervex.config import apply_overrides, compile_config, read_config
+from nervex.entry import SerialTrainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "app_zoo", "**", "config", "*.yaml"), recursive=True))
+NEEDS = {"atari": "ale_py", "box2d": "Box2D", "mujoco": "mujoco"}
+
+
+def shrink(cfg):
+    """Overrides that keep a config's algorithm, model and env but make a few iterations cheap."""
+    over = ["env.collector_env_num=2", "env.evaluator_env_num=1", "env.manager_type=base", "evaluator.n_episode=1"]
+    over += ["evaluator.eval_freq=1000000", "learner.hook.log_show_after_iter=0"]
+    if cfg.policy.policy_type in ("ppo", "a2c"):
+        over += ["policy.collect.rollout_len=16", "policy.learn.epoch_per_collect=2", "policy.learn.batch_size=8"]
+    else:
+        over += ["policy.learn.learning_starts=0", "policy.learn.batch_size=8", "replay_buffer.maxlen=1000"]
+    return apply_overrides(cfg, over)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "app_zoo")))
+def test_shipped_config_compiles_and_trains(path, tmp_path):
+    for folder, module in NEEDS.items():
+        if f"{os.sep}{folder}{os.sep}" in path:
+            pytest.importorskip(module)
+    cfg = compile_config(read_config(path))  # as shipped
+    assert cfg.policy.policy_type
+    with SerialTrainer(shrink(read_config(path)), seed=0, run_root=str(tmp_path)) as trainer:
+        for _ in range(3):
+            result = trainer.train()
+    assert result["env_step"] > 0
+    if cfg.policy.on_policy:
+        assert result["train_iter"] > 0  # on-policy learns from the first rollout
