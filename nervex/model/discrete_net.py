@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from nervex.torch_utils import MLP
-from nervex.torch_utils.network import nature_cnn
+from nervex.torch_utils.network import nature_cnn, pixels_to_float
 from nervex.utils import MODEL_REGISTRY
 
 from .head import DiscreteHead
@@ -112,11 +112,7 @@ class ConvDiscreteNet(nn.Module):
             ``x``: ``(B, C, H, W)``; ``logit``: ``(B, action_dim)``.
         """
         _check_trailing_shape(x, self.obs_shape, "ConvDiscreteNet")
-        if x.dtype == torch.uint8:
-            # replay keeps frames as uint8 (4x smaller); scale on the model's device, after the transfer
-            x = x.float().mul_(1.0 / 255.0)
-        elif not x.is_floating_point():
-            x = x.float()
+        x = pixels_to_float(x)
         leading = x.shape[:-3]
         logit = self.head(self.encoder(x.reshape(-1, *self.obs_shape)))
         return {"logit": logit.reshape(*leading, -1)}

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from nervex.torch_utils import MLP
 from nervex.torch_utils.fused_mlp import mlp_forward, mlps_forward
-from nervex.torch_utils.network import init_orthogonal_, nature_cnn
+from nervex.torch_utils.network import init_orthogonal_, nature_cnn, pixels_to_float
 from nervex.utils import MODEL_REGISTRY
 
 from .discrete_net import _as_shape, _check_trailing_shape
@@ -246,11 +246,7 @@ class ConvValueAC(nn.Module):
         """
         _check_mode(mode, "ConvValueAC")
         _check_trailing_shape(x, self.obs_shape, "ConvValueAC")
-        if x.dtype == torch.uint8:
-            # rollouts keep frames as uint8 (4x smaller); scale on the model's device, after the transfer
-            x = x.float().mul_(1.0 / 255.0)
-        elif not x.is_floating_point():
-            x = x.float()
+        x = pixels_to_float(x)
         leading = x.shape[:-3]
         features = self.encoder(x.reshape(-1, *self.obs_shape))
         output: Dict[str, torch.Tensor] = {}

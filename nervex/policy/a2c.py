@@ -7,7 +7,6 @@ from typing import Any, Dict, Optional
 import torch
 
 from nervex.agent import Agent
-from nervex.agent.agent import set_train_mode
 from nervex.config import Field, merge_defaults
 from nervex.rl_utils import a2c_data, a2c_error
 from nervex.torch_utils import Adam, clip_grad_norm
@@ -61,16 +60,7 @@ class A2CPolicy(ActorCriticPolicy):
 
     def _forward_learn(self, data: Dict[str, Any], learning_rate: Optional[float] = None) -> Dict[str, Any]:
         learn = self._cfg.learn
-        if learning_rate is not None:
-            for group in self._optimizer.param_groups:
-                group["lr"] = learning_rate
-        set_train_mode(self._model, True)
-        value, logp, entropy, dist = self.evaluate_actions(self._learn_agent, data)
-        if learn.entropy_weight == 0:
-            entropy = entropy.detach()  # still logged, but no gradient to carry back
-        adv = data["adv"]
-        if learn.adv_norm and adv.numel() > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        value, logp, entropy, _, adv = self.learn_terms(self._learn_agent, self._optimizer, data, learning_rate)
         loss = a2c_error(a2c_data(logp, entropy, value, adv, data["return"], data.get("weight")))
         total = loss.policy_loss + learn.value_weight * loss.value_loss + learn.entropy_weight * loss.entropy_loss
         self._optimizer.zero_grad(set_to_none=True)

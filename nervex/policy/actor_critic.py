@@ -188,6 +188,25 @@ class ActorCriticPolicy(Policy):
         action = data["action"] if self._continuous else data["action"].long()
         return output["value"], dist.log_prob(action), dist.entropy(), dist
 
+    def learn_terms(
+        self, agent: Agent, optimizer: torch.optim.Optimizer, data: Mapping[str, torch.Tensor], learning_rate: Any
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Dist, torch.Tensor]:
+        """What PPO's and A2C's losses start from: the scheduled learning rate applied, then
+        ``(value, logp, entropy, distribution, advantages)`` of a batch; the entropy carries no gradient when its
+        weight is 0, and the advantages are normalized when ``learn.adv_norm`` says so."""
+        learn = self._cfg.learn
+        if learning_rate is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate
+        set_train_mode(self._model, True)
+        value, logp, entropy, dist = self.evaluate_actions(agent, data)
+        if learn.entropy_weight == 0:
+            entropy = entropy.detach()  # still logged, but no gradient to carry back
+        adv = data["adv"]
+        if learn.adv_norm and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        return value, logp, entropy, dist, adv
+
     def _get_setting_learn(self, command_info: Dict[str, Any]) -> Dict[str, Any]:
         learn = self._cfg.learn
         return {"learning_rate": schedule_value(learn.learning_rate, learn.lr_schedule, command_info)}

@@ -23,7 +23,7 @@ import random
 import warnings
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Any, Callable, ClassVar, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, ClassVar, Collection, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -35,54 +35,9 @@ from nervex.torch_utils import collate, to_device
 from nervex.utils import MODEL_REGISTRY, POLICY_REGISTRY
 
 from .contract import OFF_POLICY_CONFIG, ON_POLICY_CONFIG, POLICY_BASE_CONFIG, TrainingContract, contract_from_config
+from .modes import MODES, CollectMode, CommandMode, EvalMode, LearnMode, Output
 
-MODES = ("learn", "collect", "eval", "command")
 _WARNED_UNDECLARED: set = set()  # policy classes already warned about (once per process)
-Output = Dict[str, Any]
-
-
-class LearnMode(NamedTuple):
-    """What a learner uses: ``forward(batch, **setting) -> figures`` (a gradient step) and the policy's state."""
-
-    forward: Callable[..., Output]
-    state_dict: Callable[[], Dict[str, Any]]
-    load_state_dict: Callable[[Mapping[str, Any]], None]
-    optimizers: Callable[[], Dict[str, torch.optim.Optimizer]]
-
-
-class CollectMode(NamedTuple):
-    """What an actor uses.
-
-    ``forward(data_id, {env_id: obs}, **setting) -> {env_id: output}``; ``process_transition(obs, output, timestep)``
-    builds one transition; ``get_train_sample(traj)`` turns an env's trajectory into train samples; ``bootstrap``
-    (None when the policy needs none) evaluates observations that are not acted on (the last of a rollout, the final
-    one of a truncated episode) in one batched call; ``traj_len`` is how many transitions an off-policy trajectory
-    holds before it is handed over.
-    """
-
-    forward: Callable[..., Dict[int, Output]]
-    process_transition: Callable[[Any, Output, Any], Dict[str, Any]]
-    get_train_sample: Callable[[deque], List[Dict[str, Any]]]
-    bootstrap: Optional[Callable[[List[int], Mapping[int, Any]], Dict[int, Output]]]
-    reset: Callable[[Optional[List[int]]], None]
-    traj_len: float
-    load_state_dict: Callable[[Mapping[str, Any]], None]
-
-
-class EvalMode(NamedTuple):
-    """What an evaluator uses: ``forward(data_id, {env_id: obs}, **setting) -> {env_id: output}`` (greedy)."""
-
-    forward: Callable[..., Dict[int, Output]]
-    reset: Callable[[Optional[List[int]]], None]
-    load_state_dict: Callable[[Mapping[str, Any]], None]
-
-
-class CommandMode(NamedTuple):
-    """What a trainer uses to steer the other modes from progress (``env_step``, ``train_iter``...)."""
-
-    get_setting_collect: Callable[[Dict[str, Any]], Dict[str, Any]]
-    get_setting_learn: Callable[[Dict[str, Any]], Dict[str, Any]]
-    get_setting_eval: Callable[[Dict[str, Any]], Dict[str, Any]]
 
 
 def set_seed(seed: int) -> None:
@@ -130,7 +85,7 @@ class Policy(ABC):
     _collect_setting_set: Collection[str] = frozenset()
     _eval_setting_set: Collection[str] = frozenset()
     # Transitions an off-policy trajectory holds before ``get_train_sample`` ('inf': until the episode ends).
-    _traj_len: Any = 1
+    _traj_len: Union[int, float, str] = 1
 
     def __init__(
         self,

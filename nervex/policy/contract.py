@@ -11,7 +11,7 @@ in its ``config`` and may change these defaults there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Literal, Mapping, Optional
 
 from nervex.config import Field
@@ -113,11 +113,9 @@ class TrainingContract:
     buffer_type: Optional[str]
     collect: CollectSpec
     learn: LearnSpec
-    buffer_defaults: Mapping[str, Any] = None  # type: ignore[assignment]
+    buffer_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.buffer_defaults is None:
-            object.__setattr__(self, "buffer_defaults", {})
         if self.on_policy and self.buffer_type is not None:
             raise ValueError("an on-policy contract trains on its rollouts: buffer_type must be None")
         if not self.on_policy and self.buffer_type is None:

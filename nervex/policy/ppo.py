@@ -7,7 +7,6 @@ from typing import Any, Dict, Optional
 import torch
 
 from nervex.agent import Agent
-from nervex.agent.agent import set_train_mode
 from nervex.config import Field, merge_defaults
 from nervex.rl_utils import ppo_data, ppo_error
 from nervex.torch_utils import Adam
@@ -62,17 +61,8 @@ class PPOPolicy(ActorCriticPolicy):
         self, data: Dict[str, Any], learning_rate: Optional[float] = None, clip_ratio: Optional[float] = None
     ) -> Dict[str, Any]:
         learn = self._cfg.learn
-        if learning_rate is not None:
-            for group in self._optimizer.param_groups:
-                group["lr"] = learning_rate
         clip = learn.clip_ratio if clip_ratio is None else clip_ratio
-        set_train_mode(self._model, True)
-        value, logp, entropy, dist = self.evaluate_actions(self._learn_agent, data)
-        if learn.entropy_weight == 0:
-            entropy = entropy.detach()  # still logged, but no gradient to carry back
-        adv = data["adv"]
-        if learn.adv_norm and adv.numel() > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        value, logp, entropy, dist, adv = self.learn_terms(self._learn_agent, self._optimizer, data, learning_rate)
         loss, info = ppo_error(
             ppo_data(logp, data["logp"], entropy, value, data["value"], adv, data["return"], data.get("weight")),
             clip,

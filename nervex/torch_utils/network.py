@@ -183,6 +183,17 @@ def _nature_conv_out(size: int) -> int:
     return size
 
 
+def pixels_to_float(x: torch.Tensor) -> torch.Tensor:
+    """``uint8`` pixels scaled to ``[0, 1]``; other integers cast to float; float inputs as they are.
+
+    Frames stay ``uint8`` in replay and rollouts (4x smaller) and are scaled here, on the model's device, after the
+    transfer.
+    """
+    if x.dtype == torch.uint8:
+        return x.float().mul_(1.0 / 255.0)
+    return x if x.is_floating_point() else x.float()
+
+
 def nature_cnn(obs_shape: Sequence[int], hidden_size: int = 512, owner: str = "nature_cnn") -> nn.Sequential:
     """The Nature-DQN encoder (Mnih et al. 2015): conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1, one FC layer, all ReLU.
 

@@ -42,7 +42,7 @@ class SerialActor:
       a cache not yet handed over carries into the next call;
     - unit ``rollout`` (on-policy): after exactly ``n`` steps of every env, every cache at once, after one batched
       ``collect_mode.bootstrap`` call has added ``next_value`` (etc.) to each truncated transition and to each
-      cache's last one; nothing carries over;
+      cache's last one; nothing carries over (an env whose process crashed keeps only the steps since its restart);
     - unit ``episode``: at each episode's end; on-policy collection restarts the envs at each call.
 
     Args:
@@ -170,7 +170,7 @@ class SerialActor:
         for env_id in data_id:
             # in async mode a timestep may answer an action sent in an earlier call: remember what it saw
             self._pending[env_id] = (obs[env_id], output[env_id])
-        self._action_space()
+        self._action_space()  # makes self._clip on the first step
         clip = self._clip
         timesteps = self._env.step({env_id: clip(output[env_id]["action"]) for env_id in data_id})
         return [(env_id, *self._pending.pop(env_id), timestep) for env_id, timestep in timesteps.items()]
