@@ -237,3 +237,31 @@ def test_policy_import_names_load_a_users_policy_module(tmp_path):
     bad = text.replace("[my_policy_mod]", "[no_such_mod_xyz]")
     with pytest.raises(ConfigError, match=r"key 'policy.import_names\[0\]': cannot import module 'no_such_mod_xyz'"):
         compile_config(read_config(write(tmp_path, bad, "bad.yaml")))
+
+
+def test_env_import_names_train_a_users_env_from_the_command_line(tmp_path):
+    (tmp_path / "my_env_mod.py").write_text(
+        "from nervex.envs import GymEnv\n"
+        "from nervex.utils import ENV_REGISTRY\n"
+        "@ENV_REGISTRY.register('my_short_cartpole')\n"
+        "class ShortCartPole(GymEnv):\n"
+        "    config = dict(GymEnv.config, env_id='CartPole-v1', max_episode_steps=50)\n"
+    )
+    text = (
+        "max_env_step: 600\nenv:\n  env_type: my_short_cartpole\n  import_names: [my_env_mod]\n  manager_type: base\n"
+        "policy:\n  policy_type: dqn\n  learn:\n    learning_starts: 100\nevaluator:\n  eval_freq: 200\n  stop_val: 1000\n"
+    )
+    path = write(tmp_path, text)
+    out = subprocess.run(
+        [sys.executable, "-m", "nervex", "-c", path, "--run-root", str(tmp_path / "runs"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "max_env_step 600 reached" in out.stdout
+    (resolved,) = (tmp_path / "runs").glob("*/config.yaml")
+    env = read_config(str(resolved)).env
+    # the defaults of the user's class (GymEnv's own max_episode_steps is null) filled the resolved config
+    assert env.env_type == "my_short_cartpole" and env.max_episode_steps == 50

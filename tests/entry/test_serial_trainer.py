@@ -160,10 +160,20 @@ def test_generator_and_step_limit(run_root):
     assert "max_env_step" in trainer.stop_reason
 
 
-def test_serial_pipeline_returns_policy(run_root):
-    policy = serial_pipeline(small_cfg(max_env_step=64), seed=0, exp_name="pipe", run_root=run_root)
-    obs = {0: np.zeros(4, dtype=np.float32)}
-    assert int(policy.eval_mode.forward([0], obs)[0]["action"]) in (0, 1)
+def test_serial_pipeline_returns_the_trained_policy(run_root):
+    """The returned policy is the one the run ended with: greedy on its own Q-values, and equal to final.pt."""
+    from nervex.entry import load_policy
+
+    policy = serial_pipeline(small_cfg(max_env_step=1000), seed=0, exp_name="pipe", run_root=run_root)
+    obs = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    acted = policy.eval_mode.forward(list(range(32)), dict(enumerate(obs)))
+    actions = [int(acted[i]["action"]) for i in range(32)]
+    with torch.no_grad():
+        greedy = policy.model(torch.from_numpy(obs))["logit"].argmax(-1).tolist()
+    assert actions == greedy and len(set(actions)) == 2  # a trained net, not a constant
+    final = load_policy(os.path.join(run_root, "pipe", "ckpt", "final.pt"))
+    again = final.eval_mode.forward(list(range(32)), dict(enumerate(obs)))
+    assert [int(again[i]["action"]) for i in range(32)] == actions
 
 
 def _env_with_root():
