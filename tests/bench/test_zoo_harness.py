@@ -1,5 +1,6 @@
 """The pure helpers of bench/zoo.py and bench/zoo_sb3.py: zoo settings, medians, ratios, table, CI, docs markers."""
 
+import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -11,6 +12,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import zoo  # noqa: E402
 import zoo_sb3  # noqa: E402
+
+# These read the installed Stable-Baselines3 / rl_zoo3 (the [bench] extra, not a test dependency): skipped without them.
+needs_sb3 = pytest.mark.skipif(
+    not importlib.util.find_spec("stable_baselines3"), reason="stable-baselines3 absent (pip install -e .[bench])"
+)
+needs_zoo = pytest.mark.skipif(
+    not importlib.util.find_spec("rl_zoo3"), reason="rl_zoo3 absent (pip install -e .[bench])"
+)
 
 
 # ---- zoo settings ---------------------------------------------------------------------------------------------------
@@ -46,6 +55,7 @@ def test_parse_schedule_rejects_other_forms(value):
         zoo_sb3.parse_schedule("learning_rate", value)
 
 
+@needs_sb3
 def test_eval_zoo_expr_sees_dict_nn_th_only():
     import torch
 
@@ -57,6 +67,7 @@ def test_eval_zoo_expr_sees_dict_nn_th_only():
         zoo_sb3.eval_zoo_expr("open('setup.py')")
 
 
+@needs_sb3
 def test_normalize_kwargs():
     assert zoo_sb3.normalize_kwargs(False, 0.99) is None
     assert zoo_sb3.normalize_kwargs(True, 0.999) == {"gamma": 0.999}
@@ -68,6 +79,7 @@ def test_normalize_kwargs():
     }
 
 
+@needs_zoo
 def test_prepare_dqn_cartpole_keeps_zoo_exploration_length():
     setup = zoo_sb3.prepare("dqn", "CartPole-v1", learn_timesteps=100_000)
     assert setup.n_timesteps == 50_000
@@ -78,6 +90,7 @@ def test_prepare_dqn_cartpole_keeps_zoo_exploration_length():
     assert "n_timesteps" not in setup.model_kwargs and "n_envs" not in setup.model_kwargs
 
 
+@needs_zoo
 def test_prepare_ppo_cartpole_and_inverted_pendulum():
     ppo = zoo_sb3.prepare("ppo", "CartPole-v1", learn_timesteps=100_000)
     assert ppo.n_envs == 8 and ppo.normalize is None
@@ -88,6 +101,7 @@ def test_prepare_ppo_cartpole_and_inverted_pendulum():
     assert inv.model_kwargs["n_steps"] == 32
 
 
+@needs_zoo
 def test_prepare_rejects_what_it_does_not_build():
     with pytest.raises(NotImplementedError, match="frame_stack"):
         zoo_sb3.prepare("ppo", "atari", learn_timesteps=1000)
@@ -95,6 +109,7 @@ def test_prepare_rejects_what_it_does_not_build():
         zoo_sb3.prepare("ppo", "NoSuchEnv-v0", learn_timesteps=1000)
 
 
+@needs_zoo
 def test_every_row_has_a_zoo_entry():
     for row in zoo.ROWS.values():
         assert zoo_sb3.read_zoo_hyperparams(row.sb3_algo, row.zoo_entry)["policy"] == "MlpPolicy", row.name
