@@ -80,6 +80,28 @@ def test_no_grad_forward_equals_and_builds_no_graph():
     torch.testing.assert_close(out, reference(mlp, x).detach(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_small_batch_inference_runs_in_numpy_and_equals_the_torch_path(activation):
+    from nervex.torch_utils import fused_mlp
+
+    mlp = MLP(4, [32, 16], activation=activation)
+    layers = mlp._fused
+    small, large = torch.randn(8, 4), torch.randn(fused_mlp.NUMPY_INFERENCE_MAX_ROWS + 1, 4)
+    with torch.no_grad():
+        assert fused_mlp._numpy_inference_ok(small, [w for lin, _ in layers for w in (lin.weight, lin.bias)])
+        out_small, out_large = mlp_forward(small, layers), mlp_forward(large, layers)
+        # the torch path on the same rows (a batch over the NumPy limit takes it)
+        both = mlp_forward(torch.cat([small, large]), layers)
+    torch.testing.assert_close(out_small, both[:8], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_small, reference(mlp, small).detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_large, both[8:], rtol=1e-6, atol=1e-6)
+    # views of the live parameters: an in-place optimizer step is seen by the next NumPy forward
+    with torch.no_grad():
+        layers[0][0].weight.add_(1.0)
+        torch.testing.assert_close(mlp_forward(small, layers), reference(mlp, small).detach(), rtol=1e-5, atol=1e-5)
+    assert not fused_mlp._numpy_inference_ok(small.double(), [layers[0][0].weight])
+
+
 def test_numpy_tanh_matches_torch_within_an_ulp():
     x = torch.linspace(-20, 20, 100_001)
     np.testing.assert_allclose(tanh_(x.clone()).numpy(), torch.tanh(x).numpy(), rtol=0, atol=1.2e-7)
