@@ -1,6 +1,7 @@
-"""Agent: wraps a model with a target copy and plugins (sampling, grad mode, recurrent state)."""
+"""Agent: wraps a model with a target copy and plugins (sampling, exploration noise, grad mode, recurrent state)."""
 
 from .agent import Agent, set_train_mode
+from .noise import GaussianNoisePlugin, OUNoisePlugin
 from .plugins import (
     PLUGIN_REGISTRY,
     AgentPlugin,
@@ -26,6 +27,8 @@ __all__ = [
     "HiddenStatePlugin",
     "PLUGIN_REGISTRY",
     "GaussianSamplePlugin",
+    "GaussianNoisePlugin",
+    "OUNoisePlugin",
     "register_plugin",
     "create_plugin",
     "TargetUpdater",

@@ -165,7 +165,8 @@ def _check_on_policy_manager(out: Dict[str, Any], where: str) -> None:
 # ---- parts ----------------------------------------------------------------------------------------------------------
 def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], env_info: Any) -> None:
     """Fill ``obs_dim``/``obs_shape``/``action_dim``/``action_space`` of the model config from the env's spaces,
-    for the keys the model's constructor takes and the config leaves out."""
+    and ``action_low``/``action_high`` (lists, from a ``Box``'s ``low``/``high``), for the keys the model's
+    constructor takes and the config leaves out."""
     import gymnasium as gym
 
     if model_cls is None:
@@ -182,6 +183,11 @@ def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], en
         model_cfg["action_dim"] = int(act_space.n) if discrete else int(np.prod(act_space.shape))
     if "action_space" in params and model_cfg.get("action_space") is None:
         model_cfg["action_space"] = "discrete" if discrete else "continuous"
+    if isinstance(act_space, gym.spaces.Box):
+        # a bounded actor (QAC) squashes into the env's own bounds, whatever they are
+        for key, bound in (("action_low", act_space.low), ("action_high", act_space.high)):
+            if key in params and model_cfg.get(key) is None:
+                model_cfg[key] = np.asarray(bound, dtype=np.float64).reshape(-1).tolist()
 
 
 def make_env_managers(

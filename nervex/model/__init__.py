@@ -8,6 +8,7 @@ from nervex.utils import MODEL_REGISTRY
 
 from .discrete_net import ConvDiscreteNet, FCDiscreteNet
 from .head import DiscreteHead
+from .qac import QAC, BatchedCritics
 from .value_ac import ConvValueAC, ValueAC
 
 
@@ -27,4 +28,4 @@ def create_model(model_type: str, **kwargs: Any) -> nn.Module:
     return MODEL_REGISTRY.build(model_type, **kwargs)
 
 
-__all__ = ["FCDiscreteNet", "ConvDiscreteNet", "DiscreteHead", "ValueAC", "ConvValueAC", "create_model"]
+__all__ = ["FCDiscreteNet", "ConvDiscreteNet", "DiscreteHead", "ValueAC", "ConvValueAC", "QAC", "BatchedCritics", "create_model"]

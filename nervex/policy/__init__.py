@@ -20,8 +20,11 @@ from .contract import (
     LearnSpec,
     TrainingContract,
 )
+from .ddpg import DDPGPolicy
 from .dqn import DQNPolicy
 from .ppo import PPOPolicy
+from .sac import SACPolicy
+from .td3 import TD3Policy
 
 __all__ = [
     "Policy",
@@ -43,4 +46,7 @@ __all__ = [
     "DQNPolicy",
     "PPOPolicy",
     "A2CPolicy",
+    "DDPGPolicy",
+    "TD3Policy",
+    "SACPolicy",
 ]

@@ -11,7 +11,7 @@ from nervex.config import Field, merge_defaults
 from nervex.rl_utils import a2c_data, a2c_error
 from nervex.torch_utils import Adam, clip_grad_norm
 
-from .actor_critic import ACTOR_CRITIC_CONFIG, SCHEDULES, ActorCriticPolicy, explained_variance
+from .actor_critic import ACTOR_CRITIC_CONFIG, SCHEDULES, ActorCriticPolicy
 from .base_policy import register_policy
 
 
@@ -62,7 +62,7 @@ class A2CPolicy(ActorCriticPolicy):
         learn = self._cfg.learn
         value, logp, entropy, _, adv = self.learn_terms(self._learn_agent, self._optimizer, data, learning_rate)
         loss = a2c_error(a2c_data(logp, entropy, value, adv, data["return"], data.get("weight")))
-        total = loss.policy_loss + learn.value_weight * loss.value_loss + learn.entropy_weight * loss.entropy_loss
+        total = self.weighted_loss(loss.policy_loss, loss.value_loss, loss.entropy_loss)
         self._optimizer.zero_grad(set_to_none=True)
         total.backward()
         if learn.grad_clip > 0:
@@ -70,7 +70,7 @@ class A2CPolicy(ActorCriticPolicy):
         self._optimizer.step()
         figures = torch.stack([total, loss.policy_loss, loss.value_loss, loss.entropy_loss]).tolist()
         out: Dict[str, Any] = dict(zip(("total_loss", "policy_loss", "value_loss", "entropy_loss"), figures))
-        out["explained_variance"] = explained_variance(data["value"], data["return"])
+        out["explained_variance"] = self._batch_constants(data)[1]
         out["cur_lr"] = self._optimizer.param_groups[0]["lr"]
         return out
 

@@ -85,6 +85,8 @@ class ActorCriticPolicy(Policy):
 
     _obs_rms: Optional[RunningMeanStd] = None
     _reward_norm: Optional[ReturnNormalizer] = None
+    _constants_of: Optional[torch.Tensor] = None  # the batch field `_constants` were computed from
+    _constants: Tuple[torch.Tensor, float]
 
     def _init_shared(self) -> None:
         cfg = self._cfg
@@ -202,10 +204,32 @@ class ActorCriticPolicy(Policy):
         value, logp, entropy, dist = self.evaluate_actions(agent, data)
         if learn.entropy_weight == 0:
             entropy = entropy.detach()  # still logged, but no gradient to carry back
+        return value, logp, entropy, dist, self._batch_constants(data)[0]
+
+    def _batch_constants(self, data: Mapping[str, torch.Tensor]) -> Tuple[torch.Tensor, float]:
+        """``(advantages, normalized per learn.adv_norm; explained variance of the stored values)`` of a batch.
+
+        Both depend only on the rollout's stored fields, so they are computed once per batch object: when the
+        minibatch is the whole rollout, the trainer passes the same batch every epoch (20 or more times).
+        """
         adv = data["adv"]
-        if learn.adv_norm and adv.numel() > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        return value, logp, entropy, dist, adv
+        if self._constants_of is not adv:
+            if self._cfg.learn.adv_norm and adv.numel() > 1:
+                norm_adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            else:
+                norm_adv = adv
+            self._constants = (norm_adv, explained_variance(data["value"], data["return"]))
+            self._constants_of = adv
+        return self._constants
+
+    def weighted_loss(
+        self, policy_loss: torch.Tensor, value_loss: torch.Tensor, entropy_loss: torch.Tensor
+    ) -> torch.Tensor:
+        """``policy_loss + value_weight * value_loss + entropy_weight * entropy_loss`` (a zero-weight term is left
+        out rather than multiplied by 0)."""
+        learn = self._cfg.learn
+        total = policy_loss + learn.value_weight * value_loss
+        return total + learn.entropy_weight * entropy_loss if learn.entropy_weight else total
 
     def _get_setting_learn(self, command_info: Dict[str, Any]) -> Dict[str, Any]:
         learn = self._cfg.learn

@@ -11,7 +11,7 @@ from nervex.config import Field, merge_defaults
 from nervex.rl_utils import ppo_data, ppo_error
 from nervex.torch_utils import Adam
 
-from .actor_critic import ACTOR_CRITIC_CONFIG, SCHEDULES, ActorCriticPolicy, explained_variance, schedule_value
+from .actor_critic import ACTOR_CRITIC_CONFIG, SCHEDULES, ActorCriticPolicy, schedule_value
 from .base_policy import register_policy
 
 
@@ -69,7 +69,7 @@ class PPOPolicy(ActorCriticPolicy):
             learn.value_clip_ratio,
             learn.dual_clip,
         )
-        total = loss.policy_loss + learn.value_weight * loss.value_loss + learn.entropy_weight * loss.entropy_loss
+        total = self.weighted_loss(loss.policy_loss, loss.value_loss, loss.entropy_loss)
         self._optimizer.zero_grad(set_to_none=True)
         total.backward()
         self._optimizer.step()  # clips the gradients' global norm to learn.grad_clip first
@@ -79,7 +79,7 @@ class PPOPolicy(ActorCriticPolicy):
         ).tolist()
         names = ("total_loss", "policy_gradient_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction")
         out: Dict[str, Any] = dict(zip(names, figures))
-        out["explained_variance"] = explained_variance(data["value"], data["return"])
+        out["explained_variance"] = self._batch_constants(data)[1]
         out["cur_lr"] = self._optimizer.param_groups[0]["lr"]
         out["clip_range"] = clip
         if self._continuous:

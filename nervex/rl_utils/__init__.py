@@ -4,6 +4,18 @@ Every loss here is a pure tensor function documented with a ``Shapes:`` block; t
 """
 
 from .a2c import a2c_data, a2c_error, a2c_loss
+from .actor_critic_td import (
+    bootstrap_target,
+    critic_loss,
+    critic_min,
+    ddpg_critic_target,
+    deterministic_actor_loss,
+    sac_actor_loss,
+    sac_alpha_loss,
+    sac_critic_target,
+    target_policy_smoothing,
+    td3_critic_target,
+)
 from .adder import Adder
 from .dist_td import categorical_projection, dist_nstep_td_data, dist_nstep_td_error
 from .exploration import epsilon_greedy
@@ -57,4 +69,14 @@ __all__ = [
     "ppo_error",
     "ppo_info",
     "ppo_loss",
+    "bootstrap_target",
+    "critic_loss",
+    "critic_min",
+    "ddpg_critic_target",
+    "deterministic_actor_loss",
+    "sac_actor_loss",
+    "sac_alpha_loss",
+    "sac_critic_target",
+    "target_policy_smoothing",
+    "td3_critic_target",
 ]

@@ -164,17 +164,20 @@ def mlps_forward(x: torch.Tensor, plans: Sequence[Sequence[Tuple[Any, Optional[s
     return tuple(out.reshape(*lead, out.shape[-1]) for out in outs)
 
 
-# Below this many rows an inference forward runs in NumPy: an actor's batch of a few observations costs PyTorch
-# ~10 us of dispatch per op (the matmuls themselves take ~1 us), NumPy ~1 us; above it, torch's kernels win.
-NUMPY_INFERENCE_MAX_ROWS = 64
+# An inference forward whose every matmul is at most this many multiply-adds (rows x in x out) runs in NumPy: an
+# actor's batch of a few observations costs PyTorch ~10 us of dispatch per op while the matmul itself takes ~1 us.
+# 2^18 is also OpenBLAS's bound for single-threaded gemm (65536 x GEMM_MULTITHREAD_THRESHOLD 4), so NumPy's BLAS
+# never starts threads that would compete with torch's; larger products go to torch's kernels.
+NUMPY_INFERENCE_MAX_MACS = 1 << 18
 
 
 def _numpy_inference_ok(h: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
+    rows = h.shape[0]
     return (
-        h.shape[0] <= NUMPY_INFERENCE_MAX_ROWS
-        and h.device.type == "cpu"
+        h.device.type == "cpu"
         and h.dtype == torch.float32
         and all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights)
+        and all(rows * w.shape[0] * w.shape[1] <= NUMPY_INFERENCE_MAX_MACS for w in weights[::2])
     )
 
 

@@ -145,3 +145,20 @@ def test_a2c_cartpole_learns(tmp_path):
     assert trainer.evaluator.best_reward >= 150, trainer.stop_reason
     assert set(state["policy"]["learn"]["optimizers"]) == {"optimizer"}
     assert "RMSprop" in type(trainer.policy._optimizer).__name__
+
+
+def test_batch_constants_are_computed_once_per_batch_and_match_their_definitions():
+    from nervex.policy import create_policy
+
+    policy = create_policy(ppo_cfg()["policy"] | {"model": {"obs_dim": 4, "action_dim": 2, "hidden_sizes": [8]}})
+    gen = torch.Generator().manual_seed(0)
+    batch = {k: torch.randn(32, generator=gen) for k in ("adv", "value", "return")}
+    adv, ev = policy._batch_constants(batch)
+    expected_adv = (batch["adv"] - batch["adv"].mean()) / (batch["adv"].std() + 1e-8)
+    torch.testing.assert_close(adv, expected_adv)
+    ret, val = batch["return"].numpy(), batch["value"].numpy()
+    assert ev == pytest.approx(1 - np.var(ret - val) / np.var(ret), rel=1e-5)
+    assert policy._batch_constants(batch)[0] is adv  # the same batch again (the next epoch): not recomputed
+    other = dict(batch, adv=batch["adv"] * 2 + 1)  # a new minibatch: recomputed
+    torch.testing.assert_close(policy._batch_constants(other)[0], expected_adv)
+    assert policy._batch_constants(other)[0] is not adv

@@ -86,9 +86,13 @@ def test_small_batch_inference_runs_in_numpy_and_equals_the_torch_path(activatio
 
     mlp = MLP(4, [32, 16], activation=activation)
     layers = mlp._fused
-    small, large = torch.randn(8, 4), torch.randn(fused_mlp.NUMPY_INFERENCE_MAX_ROWS + 1, 4)
+    weights = [w for lin, _ in layers for w in (lin.weight, lin.bias)]
+    rows_limit = fused_mlp.NUMPY_INFERENCE_MAX_MACS // (32 * 16)  # the widest product, 32 x 16, sets the limit
+    small, large = torch.randn(8, 4), torch.randn(rows_limit + 1, 4)
+    assert fused_mlp._numpy_inference_ok(torch.randn(rows_limit, 4), weights)
+    assert not fused_mlp._numpy_inference_ok(large, weights)
     with torch.no_grad():
-        assert fused_mlp._numpy_inference_ok(small, [w for lin, _ in layers for w in (lin.weight, lin.bias)])
+        assert fused_mlp._numpy_inference_ok(small, weights)
         out_small, out_large = mlp_forward(small, layers), mlp_forward(large, layers)
         # the torch path on the same rows (a batch over the NumPy limit takes it)
         both = mlp_forward(torch.cat([small, large]), layers)

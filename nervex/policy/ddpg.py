@@ -1,0 +1,133 @@
+"""DDPG (Lillicrap et al. 2016): a deterministic actor, one critic, Polyak-averaged targets, action noise."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+
+from nervex.config import merge_defaults
+from nervex.rl_utils import Adder, critic_loss, ddpg_critic_target, deterministic_actor_loss
+
+from .base_policy import Output, register_policy
+from .common_policy import CommonPolicy
+from .off_policy_ac import (
+    AC_CONFIG,
+    NOISE_CONFIG,
+    build_qac,
+    check_critic_num,
+    inference_agent,
+    make_adam,
+    noise_plugin,
+    nstep_terms,
+    nstep_train_sample,
+    polyak_agent,
+    step,
+)
+
+
+class DDPGPolicy(CommonPolicy):
+    """Deep deterministic policy gradient, with Stable-Baselines3's defaults (lr 1e-3, tau 0.005, gamma 0.99,
+    batch 256, 100 random warm-up steps, one gradient step per env step).
+
+    Config keys (besides the off-policy contract keys):
+        discount_factor, nstep: the n-step target ``sum_k gamma^k r_k + gamma^n Q'(s_n, mu'(s_n))``; a window cut
+            by a time limit bootstraps (only ``terminated`` stops it).
+        priority: prioritized replay (per-sample |TD| as priorities, importance-weighted losses).
+        learn.learning_rate: of the actor's and the critic's Adam optimizers.
+        learn.target_theta: Polyak rate of the target actor and critic, updated after every gradient step.
+        learn.grad_clip: max gradient norm per optimizer (0: off).
+        collect.noise: exploration noise in the ``[-1, 1]`` action space: ``type`` gaussian (``sigma``) or ou
+            (``sigma``, ``theta``, ``dt``; one process per env, reset at its episode's end).
+
+    The model is ``qac`` with ``actor_type: deterministic`` and ``critic_num: 1``; its action bounds come from the
+    env. Eval actions are the actor's, without noise.
+    """
+
+    default_model_type = "qac"
+    model_defaults: Dict[str, Any] = dict(actor_type="deterministic", critic_num=1)
+    config: Dict[str, Any] = merge_defaults(AC_CONFIG, dict(collect=dict(noise=NOISE_CONFIG)))
+
+    @classmethod
+    def _buffer_type(cls, cfg: Mapping[str, Any]) -> Optional[str]:
+        return "prioritized" if cfg["priority"] else "uniform"
+
+    def _create_model_from_cfg(self, cfg: Mapping[str, Any], model_type: Optional[type] = None) -> torch.nn.Module:
+        model = build_qac(model_type or self.model_class(cfg), cfg.get("model", {}), self.model_defaults, "ddpg")
+        check_critic_num(model, "ddpg", 1, 1)
+        return model
+
+    # ---- learn -----------------------------------------------------------------------------------------------
+    def _init_learn(self) -> None:
+        learn = self._cfg.learn
+        self._gamma = float(self._cfg.discount_factor)
+        self._nstep = int(self._cfg.nstep)
+        self._priority = bool(self._cfg.priority)
+        self._actor_params = list(self._model.actor.parameters())
+        self._actor_optimizer = make_adam(self._actor_params, learn.learning_rate, learn.grad_clip)
+        self._critic_optimizer = make_adam(self._model.critic.parameters(), learn.learning_rate, learn.grad_clip)
+        self._learn_agent = polyak_agent(self._model, learn.target_theta)
+
+    def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        agent = self._learn_agent
+        reward, terminated, value_gamma = nstep_terms(data)
+        weight = data.get("weight") if self._priority else None
+        obs, next_obs = data["obs"], data["next_obs"]
+        # critic: regress Q(s, a) on the target actor-critic's n-step value
+        with torch.no_grad():
+            next_action = agent.target_forward(next_obs, mode="compute_actor")["action"]
+            target_q = agent.target_forward({"obs": next_obs, "action": next_action}, mode="compute_critic")["q"]
+            target = ddpg_critic_target(target_q, reward, terminated, self._gamma, self._nstep, value_gamma)
+        q = agent.forward({"obs": obs, "action": data["action"].float()}, mode="compute_critic")["q"]
+        loss_critic, td_error = critic_loss(q, target, weight)
+        step(self._critic_optimizer, loss_critic)
+        # actor: climb the (updated) critic's value of its own action
+        action = agent.forward(obs, mode="compute_actor")["action"]
+        q_pi = agent.forward({"obs": obs, "action": action}, mode="compute_critic")["q"]
+        loss_actor = deterministic_actor_loss(q_pi, weight)
+        step(self._actor_optimizer, loss_actor, self._actor_params)
+        agent.target_update()
+        info = {
+            "cur_lr": self._critic_optimizer.param_groups[0]["lr"],
+            "total_loss": loss_critic.item() + loss_actor.item(),
+            "critic_loss": loss_critic.item(),
+            "actor_loss": loss_actor.item(),
+            "q_value": q.detach().mean().item(),
+        }
+        if self._priority:
+            info["priority"] = td_error.cpu().numpy()
+        return info
+
+    # ---- collect ---------------------------------------------------------------------------------------------
+    def _init_collect(self) -> None:
+        self._gamma = float(self._cfg.discount_factor)
+        self._nstep = int(self._cfg.nstep)
+        self._traj_len = int(self._cfg.collect.traj_len) + self._nstep - 1
+        self._adder = Adder(self._use_cuda, unroll_len=1)
+        noise = self._cfg.collect.noise
+        self._noise_per_env = noise.type == "ou"
+        plugin, kwargs = noise_plugin(noise, self._model.action_low, self._model.action_high)
+        self._collect_agent = inference_agent(self._model, plugin, **kwargs)
+
+    def _forward_collect(self, data_id: List[int], data: Any) -> Output:
+        self._collect_agent.mode(train=False)
+        kwargs = {"state_id": data_id} if self._noise_per_env else {}
+        return {"action": self._collect_agent.forward(data, mode="compute_actor", **kwargs)["action"]}
+
+    def _reset_collect(self, data_id: Optional[List[int]] = None) -> None:
+        self._collect_agent.reset(data_id)
+
+    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
+        return nstep_train_sample(self._adder, traj_cache, self._traj_len, self._nstep, self._gamma)
+
+    # ---- eval ------------------------------------------------------------------------------------------------
+    def _init_eval(self) -> None:
+        self._eval_agent = inference_agent(self._model)
+
+    def _forward_eval(self, data_id: List[int], data: Any) -> Output:
+        self._eval_agent.mode(train=False)
+        return {"action": self._eval_agent.forward(data, mode="compute_actor")["action"]}
+
+
+register_policy("ddpg", DDPGPolicy)

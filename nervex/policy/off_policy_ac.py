@@ -1,0 +1,139 @@
+"""What DDPG, TD3 and SAC share, as functions (STYLE: no inheritance between algorithms): their common config
+keys, the QAC model with the algorithm's defaults, n-step samples, batch terms, optimizers and agents.
+
+Each function takes what it works on as arguments; none reads a policy's private fields.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from nervex.agent import Agent
+from nervex.config import Field
+from nervex.rl_utils import Adder
+from nervex.torch_utils import Adam
+
+# Keys DDPG, TD3 and SAC share, with Stable-Baselines3's defaults (off-policy contract keys included: one gradient
+# step per env step, uniform random actions for the first 100 steps).
+AC_CONFIG: Dict[str, Any] = dict(
+    discount_factor=Field(0.99, gt=0, le=1),
+    nstep=Field(1, ge=1),
+    priority=False,  # prioritized replay: per-sample |TD| (mean over critics) as priorities, importance weights
+    learn=dict(
+        batch_size=256,
+        update_per_collect=8,  # with collect.n_sample 8: one gradient step per env step (SB3's train_freq 1)
+        learning_starts=100,
+        random_warmup=True,
+        learning_rate=Field(1e-3, gt=0),  # actor and critics (and SAC's temperature)
+        target_theta=Field(0.005, gt=0, le=1),  # Polyak rate tau of the target copies
+        grad_clip=Field(0.0, ge=0),  # max gradient norm of each optimizer; 0 turns clipping off
+    ),
+    collect=dict(n_sample=8, traj_len=Field(1, ge=1)),
+)
+
+# The exploration noise of the deterministic actors (DDPG, TD3), in the [-1, 1] action space (SB3's action noise).
+NOISE_CONFIG: Dict[str, Any] = dict(
+    type=Field("gaussian", choices=("gaussian", "ou")),
+    sigma=Field(0.1, ge=0),
+    theta=Field(0.15, ge=0),  # ou only
+    dt=Field(1e-2, gt=0),  # ou only
+)
+
+
+def build_qac(model_cls: Optional[type], model_cfg: Mapping[str, Any], defaults: Mapping[str, Any], policy: str):
+    """The model with the algorithm's defaults under the user's ``policy.model`` keys, checked for what it needs.
+
+    Args:
+        model_cls: The model class (``QAC`` unless ``policy.model_type`` names another).
+        model_cfg: ``policy.model``.
+        defaults: The algorithm's model defaults (``actor_type``, ``critic_num``).
+        policy: The policy's name, for messages.
+
+    Raises:
+        ValueError: the model lacks a QAC's interface, or the config sets a default to a value the algorithm
+            cannot use (e.g. ``actor_type: deterministic`` for SAC).
+    """
+    if model_cls is None:
+        raise ValueError(f"{policy}: set policy.model_type (the default is 'qac')")
+    cfg = dict(model_cfg)
+    actor_type = defaults["actor_type"]
+    if cfg.get("actor_type", actor_type) != actor_type:
+        raise ValueError(f"{policy} needs policy.model.actor_type '{actor_type}', got '{cfg['actor_type']}'")
+    model = model_cls(**{**defaults, **cfg})
+    missing = [a for a in ("actor_type", "critic_num", "action_low", "action_high") if not hasattr(model, a)]
+    if missing:
+        raise ValueError(f"{policy} needs a QAC-like model (with {missing}); got {type(model).__name__}")
+    return model
+
+
+def check_critic_num(model: Any, policy: str, least: int, most: Optional[int] = None) -> None:
+    """Raise ``ValueError`` naming ``policy.model.critic_num`` unless the model has ``least .. most`` critics."""
+    if model.critic_num < least or (most is not None and model.critic_num > most):
+        wanted = f"{least}" if most == least else f">= {least}" if most is None else f"in {least}..{most}"
+        raise ValueError(f"{policy} needs policy.model.critic_num {wanted}, got {model.critic_num}")
+
+
+def make_adam(params: Any, lr: float, grad_clip: float) -> Adam:
+    """nervex's Adam, clipping the global gradient norm at ``grad_clip`` when it is > 0."""
+    clip = dict(grad_clip_type="clip_norm", clip_value=float(grad_clip)) if grad_clip > 0 else {}
+    return Adam(params, lr=float(lr), **clip)
+
+
+def polyak_agent(model: torch.nn.Module, theta: float) -> Agent:
+    """A learner Agent over ``model`` with a Polyak-averaged copy ``'target'`` (actor and critics together)."""
+    agent = Agent(model)
+    agent.add_model("target", update_type="momentum", update_kwargs={"theta": float(theta)})
+    agent.add_plugin("main", "grad", enable_grad=True)
+    agent.mode(train=True)
+    return agent
+
+
+def inference_agent(model: torch.nn.Module, plugin: Optional[str] = None, **plugin_kwargs: Any) -> Agent:
+    """An Agent over ``model`` for acting: the given plugin (noise, sampling), no gradients."""
+    agent = Agent(model)
+    if plugin is not None:
+        agent.add_plugin("main", plugin, **plugin_kwargs)
+    agent.add_plugin("main", "grad", enable_grad=False)
+    agent.mode(train=False)
+    return agent
+
+
+def noise_plugin(noise: Mapping[str, Any], low: torch.Tensor, high: torch.Tensor) -> Tuple[str, Dict[str, Any]]:
+    """The exploration plugin ``collect.noise`` names, and its arguments."""
+    if noise["type"] == "ou":
+        return "ou_noise", dict(sigma=noise["sigma"], theta=noise["theta"], dt=noise["dt"], low=low, high=high)
+    return "gaussian_noise", dict(sigma=noise["sigma"], low=low, high=high)
+
+
+def nstep_train_sample(adder: Adder, traj_cache: deque, traj_len: int, nstep: int, gamma: float) -> List[Dict]:
+    """n-step samples from an env's trajectory cache (the last ``nstep - 1`` transitions stay for the next call
+    unless the episode is over); each carries ``value_gamma`` so a truncated window bootstraps correctly."""
+    if traj_cache[-1]["done"]:
+        data = list(traj_cache)
+        traj_cache.clear()
+    else:
+        data = adder.get_traj(traj_cache, traj_len, return_num=nstep - 1)
+    data = adder.get_nstep_return_data(data, nstep, gamma=gamma)
+    return adder.get_train_sample(data)
+
+
+def nstep_terms(data: Mapping[str, Any]) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """``(reward, terminated, value_gamma)`` of a batch: rewards time first.
+
+    Shapes:
+        - data['reward']: :math:`(B, nstep)` or :math:`(B,)`
+        - reward: :math:`(nstep, B)`; terminated, value_gamma: :math:`(B,)` (value_gamma may be ``None``)
+    """
+    reward = data["reward"].float()
+    reward = reward.t() if reward.dim() == 2 else reward.unsqueeze(0)
+    return reward, data["terminated"].float(), data.get("value_gamma")
+
+
+def step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, params: Optional[List[torch.Tensor]] = None) -> None:
+    """Zero the optimizer's gradients, backpropagate ``loss`` (into ``params`` only, when given) and step."""
+    optimizer.zero_grad()
+    loss.backward(inputs=params)
+    optimizer.step()

@@ -1,0 +1,167 @@
+"""SAC (Haarnoja et al. 2018): a squashed-Gaussian actor, twin critics and an entropy temperature tuned toward a
+target entropy."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+
+from nervex.config import Field, merge_defaults
+from nervex.rl_utils import Adder, critic_loss, sac_actor_loss, sac_alpha_loss, sac_critic_target
+from nervex.torch_utils import TanhGaussianDist
+
+from .base_policy import Output, register_policy
+from .common_policy import CommonPolicy
+from .off_policy_ac import (
+    AC_CONFIG,
+    build_qac,
+    check_critic_num,
+    inference_agent,
+    make_adam,
+    nstep_terms,
+    nstep_train_sample,
+    polyak_agent,
+    step,
+)
+
+
+class SACPolicy(CommonPolicy):
+    """Soft actor-critic with Stable-Baselines3's defaults (lr 3e-4, tau 0.005, gamma 0.99, batch 256, 100 random
+    warm-up steps, one gradient step per env step, ``ent_coef='auto'`` starting at 1, target entropy ``-|A|``).
+
+    Config keys (besides the off-policy contract keys and ``discount_factor``, ``nstep``, ``priority``,
+    ``learn.learning_rate``, ``learn.target_theta``, ``learn.grad_clip`` as for DDPG):
+        learn.auto_alpha: tune the temperature by gradient descent on ``sac_alpha_loss`` with its own Adam optimizer
+            (on ``log_alpha``); false keeps it fixed at ``learn.alpha``.
+        learn.alpha: the initial (or fixed) temperature.
+        learn.target_entropy: the entropy the temperature steers toward; null: ``-action_dim``.
+
+    Actions are sampled from the actor's tanh-squashed Gaussian in the env's bounds when collecting (with the
+    reparameterization trick when learning) and are its squashed mean when evaluating. The model is ``qac`` with
+    ``actor_type: squashed_gaussian`` and two critics; the target copy (Polyak, every step) is only read for its
+    critics. The n-step target adds the entropy bonus of the bootstrap state only.
+    """
+
+    default_model_type = "qac"
+    model_defaults: Dict[str, Any] = dict(actor_type="squashed_gaussian", critic_num=2)
+    config: Dict[str, Any] = merge_defaults(
+        AC_CONFIG,
+        dict(
+            learn=dict(
+                learning_rate=3e-4,
+                auto_alpha=True,
+                alpha=Field(1.0, gt=0),
+                target_entropy=Field(None, kind="number"),
+            )
+        ),
+    )
+
+    @classmethod
+    def _buffer_type(cls, cfg: Mapping[str, Any]) -> Optional[str]:
+        return "prioritized" if cfg["priority"] else "uniform"
+
+    def _create_model_from_cfg(self, cfg: Mapping[str, Any], model_type: Optional[type] = None) -> torch.nn.Module:
+        model = build_qac(model_type or self.model_class(cfg), cfg.get("model", {}), self.model_defaults, "sac")
+        check_critic_num(model, "sac", 1)
+        return model
+
+    def _dist(self, output: Mapping[str, torch.Tensor]) -> TanhGaussianDist:
+        return TanhGaussianDist(
+            output["mu"], output["sigma"], self._model.action_low, self._model.action_high, validate_args=False
+        )
+
+    # ---- learn -----------------------------------------------------------------------------------------------
+    def _init_learn(self) -> None:
+        learn = self._cfg.learn
+        self._gamma = float(self._cfg.discount_factor)
+        self._nstep = int(self._cfg.nstep)
+        self._priority = bool(self._cfg.priority)
+        self._auto_alpha = bool(learn.auto_alpha)
+        target_entropy = learn.target_entropy
+        self._target_entropy = -float(self._model.action_dim) if target_entropy is None else float(target_entropy)
+        self._log_alpha = torch.full((), math.log(learn.alpha), device=self._device, requires_grad=self._auto_alpha)
+        if self._auto_alpha:
+            self._alpha_optimizer = make_adam([self._log_alpha], learn.learning_rate, 0.0)
+        self._actor_params = list(self._model.actor.parameters())
+        self._actor_optimizer = make_adam(self._actor_params, learn.learning_rate, learn.grad_clip)
+        self._critic_optimizer = make_adam(self._model.critic.parameters(), learn.learning_rate, learn.grad_clip)
+        self._learn_agent = polyak_agent(self._model, learn.target_theta)
+
+    def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        agent = self._learn_agent
+        reward, terminated, value_gamma = nstep_terms(data)
+        weight = data.get("weight") if self._priority else None
+        obs, next_obs = data["obs"], data["next_obs"]
+        # a fresh reparameterized action of the current policy: for the temperature's and the actor's losses
+        action_pi, log_prob = self._dist(agent.forward(obs, mode="compute_actor")).rsample_with_log_prob()
+        alpha = self._log_alpha.detach().exp()  # this step's losses use the temperature from before its update
+        info: Dict[str, Any] = {"alpha": alpha.item(), "entropy": -log_prob.detach().mean().item()}
+        if self._auto_alpha:
+            loss_alpha = sac_alpha_loss(self._log_alpha, log_prob, self._target_entropy)
+            step(self._alpha_optimizer, loss_alpha)
+            info["alpha_loss"] = loss_alpha.item()
+        # critics: regress every Q(s, a) on the soft value of a' ~ pi(.|s') under the smaller target critic
+        with torch.no_grad():
+            next_action, next_log_prob = self._dist(agent.forward(next_obs, mode="compute_actor")).rsample_with_log_prob()
+            target_q = agent.target_forward({"obs": next_obs, "action": next_action}, mode="compute_critic")["q"]
+            target = sac_critic_target(
+                target_q, next_log_prob, alpha, reward, terminated, self._gamma, self._nstep, value_gamma
+            )
+        q = agent.forward({"obs": obs, "action": data["action"].float()}, mode="compute_critic")["q"]
+        loss_critic, td_error = critic_loss(q, target, weight)
+        step(self._critic_optimizer, loss_critic)
+        # actor: maximize min_i Q_i(s, a) + alpha * entropy through the reparameterized action
+        q_pi = agent.forward({"obs": obs, "action": action_pi}, mode="compute_critic")["q"]
+        loss_actor = sac_actor_loss(q_pi, log_prob, alpha, weight)
+        step(self._actor_optimizer, loss_actor, self._actor_params)
+        agent.target_update()
+        info.update(
+            cur_lr=self._critic_optimizer.param_groups[0]["lr"],
+            total_loss=loss_critic.item() + loss_actor.item(),
+            critic_loss=loss_critic.item(),
+            actor_loss=loss_actor.item(),
+            q_value=q.detach().mean().item(),
+        )
+        if self._priority:
+            info["priority"] = td_error.cpu().numpy()
+        return info
+
+    def _state_dict_learn(self) -> Dict[str, Any]:
+        return {**super()._state_dict_learn(), "log_alpha": self._log_alpha.detach().clone()}
+
+    def _load_state_dict_learn(self, state: Mapping[str, Any]) -> None:
+        super()._load_state_dict_learn(state)
+        if "log_alpha" in state:
+            with torch.no_grad():
+                self._log_alpha.copy_(torch.as_tensor(state["log_alpha"]))
+
+    # ---- collect ---------------------------------------------------------------------------------------------
+    def _init_collect(self) -> None:
+        self._gamma = float(self._cfg.discount_factor)
+        self._nstep = int(self._cfg.nstep)
+        self._traj_len = int(self._cfg.collect.traj_len) + self._nstep - 1
+        self._adder = Adder(self._use_cuda, unroll_len=1)
+        bounds = dict(low=self._model.action_low, high=self._model.action_high)
+        self._collect_agent = inference_agent(self._model, "gaussian_sample", squash=True, **bounds)
+
+    def _forward_collect(self, data_id: List[int], data: Any) -> Output:
+        self._collect_agent.mode(train=False)
+        return {"action": self._collect_agent.forward(data, mode="compute_actor")["action"]}
+
+    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
+        return nstep_train_sample(self._adder, traj_cache, self._traj_len, self._nstep, self._gamma)
+
+    # ---- eval ------------------------------------------------------------------------------------------------
+    def _init_eval(self) -> None:
+        bounds = dict(low=self._model.action_low, high=self._model.action_high)
+        self._eval_agent = inference_agent(self._model, "gaussian_sample", squash=True, deterministic=True, **bounds)
+
+    def _forward_eval(self, data_id: List[int], data: Any) -> Output:
+        self._eval_agent.mode(train=False)
+        return {"action": self._eval_agent.forward(data, mode="compute_actor")["action"]}
+
+
+register_policy("sac", SACPolicy)

@@ -1,0 +1,159 @@
+"""TD3 (Fujimoto et al. 2018): DDPG with twin critics, target policy smoothing and delayed actor updates."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+
+from nervex.config import Field, merge_defaults
+from nervex.rl_utils import Adder, critic_loss, deterministic_actor_loss, target_policy_smoothing, td3_critic_target
+
+from .base_policy import Output, register_policy
+from .common_policy import CommonPolicy
+from .off_policy_ac import (
+    AC_CONFIG,
+    NOISE_CONFIG,
+    build_qac,
+    check_critic_num,
+    inference_agent,
+    make_adam,
+    noise_plugin,
+    nstep_terms,
+    nstep_train_sample,
+    polyak_agent,
+    step,
+)
+
+
+class TD3Policy(CommonPolicy):
+    """Twin delayed DDPG with Stable-Baselines3's defaults (lr 1e-3, tau 0.005, gamma 0.99, batch 256, policy delay
+    2, target policy noise 0.2 clipped at 0.5, 100 random warm-up steps, one gradient step per env step).
+
+    Config keys: DDPG's (see ``DDPGPolicy``), and
+        learn.actor_update_freq: update the actor, and move the targets (actor and critics) by Polyak averaging,
+            once every this many critic steps (the policy delay ``d``).
+        learn.target_policy_noise, learn.noise_clip: the target action is
+            ``clip(mu'(s') + clip(sigma * N(0, 1), -c, c), low, high)``, both given in the ``[-1, 1]`` action space
+            (scaled by ``(high - low) / 2`` per dimension).
+
+    The model is ``qac`` with ``actor_type: deterministic`` and two critics; the target is the minimum over critics
+    and the actor climbs the first critic.
+    """
+
+    default_model_type = "qac"
+    model_defaults: Dict[str, Any] = dict(actor_type="deterministic", critic_num=2)
+    config: Dict[str, Any] = merge_defaults(
+        AC_CONFIG,
+        dict(
+            learn=dict(
+                actor_update_freq=Field(2, ge=1),
+                target_policy_noise=Field(0.2, ge=0),
+                noise_clip=Field(0.5, ge=0),
+            ),
+            collect=dict(noise=NOISE_CONFIG),
+        ),
+    )
+
+    @classmethod
+    def _buffer_type(cls, cfg: Mapping[str, Any]) -> Optional[str]:
+        return "prioritized" if cfg["priority"] else "uniform"
+
+    def _create_model_from_cfg(self, cfg: Mapping[str, Any], model_type: Optional[type] = None) -> torch.nn.Module:
+        model = build_qac(model_type or self.model_class(cfg), cfg.get("model", {}), self.model_defaults, "td3")
+        check_critic_num(model, "td3", 2)
+        return model
+
+    # ---- learn -----------------------------------------------------------------------------------------------
+    def _init_learn(self) -> None:
+        learn = self._cfg.learn
+        self._gamma = float(self._cfg.discount_factor)
+        self._nstep = int(self._cfg.nstep)
+        self._priority = bool(self._cfg.priority)
+        self._actor_update_freq = int(learn.actor_update_freq)
+        scale = self._model.action_scale
+        self._smoothing_sigma = float(learn.target_policy_noise) * scale
+        self._smoothing_clip = float(learn.noise_clip) * scale
+        self._actor_params = list(self._model.actor.parameters())
+        self._actor_optimizer = make_adam(self._actor_params, learn.learning_rate, learn.grad_clip)
+        self._critic_optimizer = make_adam(self._model.critic.parameters(), learn.learning_rate, learn.grad_clip)
+        self._learn_agent = polyak_agent(self._model, learn.target_theta)
+        self._critic_steps = 0
+
+    def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        agent, model = self._learn_agent, self._model
+        reward, terminated, value_gamma = nstep_terms(data)
+        weight = data.get("weight") if self._priority else None
+        obs, next_obs = data["obs"], data["next_obs"]
+        # critics: regress every Q(s, a) on the smaller target critic's value of the smoothed target action
+        with torch.no_grad():
+            next_action = agent.target_forward(next_obs, mode="compute_actor")["action"]
+            noise = torch.randn_like(next_action) * self._smoothing_sigma
+            next_action = target_policy_smoothing(
+                next_action, noise, self._smoothing_clip, model.action_low, model.action_high
+            )
+            target_q = agent.target_forward({"obs": next_obs, "action": next_action}, mode="compute_critic")["q"]
+            target = td3_critic_target(target_q, reward, terminated, self._gamma, self._nstep, value_gamma)
+        q = agent.forward({"obs": obs, "action": data["action"].float()}, mode="compute_critic")["q"]
+        loss_critic, td_error = critic_loss(q, target, weight)
+        step(self._critic_optimizer, loss_critic)
+        self._critic_steps += 1
+        info = {
+            "cur_lr": self._critic_optimizer.param_groups[0]["lr"],
+            "total_loss": loss_critic.item(),
+            "critic_loss": loss_critic.item(),
+            "q_value": q.detach().mean().item(),
+        }
+        # delayed: the actor and the targets move once every actor_update_freq critic steps
+        if self._critic_steps % self._actor_update_freq == 0:
+            action = agent.forward(obs, mode="compute_actor")["action"]
+            q_pi = agent.forward({"obs": obs, "action": action}, mode="compute_critic")["q"]
+            loss_actor = deterministic_actor_loss(q_pi, weight)
+            step(self._actor_optimizer, loss_actor, self._actor_params)
+            agent.target_update()
+            info["actor_loss"] = loss_actor.item()
+            info["total_loss"] += info["actor_loss"]
+        if self._priority:
+            info["priority"] = td_error.cpu().numpy()
+        return info
+
+    def _state_dict_learn(self) -> Dict[str, Any]:
+        return {**super()._state_dict_learn(), "critic_steps": self._critic_steps}
+
+    def _load_state_dict_learn(self, state: Mapping[str, Any]) -> None:
+        super()._load_state_dict_learn(state)
+        self._critic_steps = int(state.get("critic_steps", 0))
+
+    # ---- collect ---------------------------------------------------------------------------------------------
+    def _init_collect(self) -> None:
+        self._gamma = float(self._cfg.discount_factor)
+        self._nstep = int(self._cfg.nstep)
+        self._traj_len = int(self._cfg.collect.traj_len) + self._nstep - 1
+        self._adder = Adder(self._use_cuda, unroll_len=1)
+        noise = self._cfg.collect.noise
+        self._noise_per_env = noise.type == "ou"
+        plugin, kwargs = noise_plugin(noise, self._model.action_low, self._model.action_high)
+        self._collect_agent = inference_agent(self._model, plugin, **kwargs)
+
+    def _forward_collect(self, data_id: List[int], data: Any) -> Output:
+        self._collect_agent.mode(train=False)
+        kwargs = {"state_id": data_id} if self._noise_per_env else {}
+        return {"action": self._collect_agent.forward(data, mode="compute_actor", **kwargs)["action"]}
+
+    def _reset_collect(self, data_id: Optional[List[int]] = None) -> None:
+        self._collect_agent.reset(data_id)
+
+    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
+        return nstep_train_sample(self._adder, traj_cache, self._traj_len, self._nstep, self._gamma)
+
+    # ---- eval ------------------------------------------------------------------------------------------------
+    def _init_eval(self) -> None:
+        self._eval_agent = inference_agent(self._model)
+
+    def _forward_eval(self, data_id: List[int], data: Any) -> Output:
+        self._eval_agent.mode(train=False)
+        return {"action": self._eval_agent.forward(data, mode="compute_actor")["action"]}
+
+
+register_policy("td3", TD3Policy)
