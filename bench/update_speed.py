@@ -67,7 +67,11 @@ ROWS: Dict[str, Row] = {
             f"{PENDULUM}/pendulum_sac.yaml",
             "Pendulum-v1",
             "SAC",
-            ("policy.model.hidden_sizes=[256,256]", "policy.learn.batch_size=256", f"policy.learn.learning_starts={WARMUP}"),
+            (
+                "policy.model.hidden_sizes=[256,256]",
+                "policy.learn.batch_size=256",
+                f"policy.learn.learning_starts={WARMUP}",
+            ),
             dict(batch_size=256, policy_kwargs=dict(net_arch=[256, 256]), learning_starts=WARMUP),
         ),
         Row(
@@ -76,7 +80,11 @@ ROWS: Dict[str, Row] = {
             f"{PENDULUM}/pendulum_td3.yaml",
             "Pendulum-v1",
             "TD3",
-            ("policy.model.hidden_sizes=[256,256]", "policy.learn.batch_size=256", f"policy.learn.learning_starts={WARMUP}"),
+            (
+                "policy.model.hidden_sizes=[256,256]",
+                "policy.learn.batch_size=256",
+                f"policy.learn.learning_starts={WARMUP}",
+            ),
             dict(batch_size=256, policy_kwargs=dict(net_arch=[256, 256]), learning_starts=WARMUP),
         ),
         Row(
