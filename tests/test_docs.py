@@ -11,6 +11,9 @@ CONFIGS = [
     "app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml",
     "app_zoo/classic_control/cartpole/config/cartpole_ppo.yaml",
     "app_zoo/classic_control/cartpole/config/cartpole_a2c.yaml",
+    "app_zoo/classic_control/pendulum/config/pendulum_ddpg.yaml",
+    "app_zoo/classic_control/pendulum/config/pendulum_td3.yaml",
+    "app_zoo/classic_control/pendulum/config/pendulum_sac.yaml",
 ]
 
 

@@ -23,14 +23,18 @@ def _bound(value: Any, name: str, plugin: str) -> torch.Tensor:
     if not bound.is_floating_point():
         bound = bound.float()
     if bound.dim() > 1:
-        raise ValueError(f"{plugin}: {name} must be a number or one value per action dimension, got {tuple(bound.shape)}")
+        raise ValueError(
+            f"{plugin}: {name} must be a number or one value per action dimension, got {tuple(bound.shape)}"
+        )
     return bound
 
 
 def _check_nonneg(value: float, name: str, plugin: str, positive: bool = False) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < 0 or (positive and value == 0):
-        raise ValueError(f"{plugin}: {name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}")
+        raise ValueError(
+            f"{plugin}: {name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}"
+        )
     return float(value)
 
 

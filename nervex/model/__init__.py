@@ -28,4 +28,13 @@ def create_model(model_type: str, **kwargs: Any) -> nn.Module:
     return MODEL_REGISTRY.build(model_type, **kwargs)
 
 
-__all__ = ["FCDiscreteNet", "ConvDiscreteNet", "DiscreteHead", "ValueAC", "ConvValueAC", "QAC", "BatchedCritics", "create_model"]
+__all__ = [
+    "FCDiscreteNet",
+    "ConvDiscreteNet",
+    "DiscreteHead",
+    "ValueAC",
+    "ConvValueAC",
+    "QAC",
+    "BatchedCritics",
+    "create_model",
+]

@@ -105,7 +105,8 @@ class SACPolicy(CommonPolicy):
             info["alpha_loss"] = loss_alpha.item()
         # critics: regress every Q(s, a) on the soft value of a' ~ pi(.|s') under the smaller target critic
         with torch.no_grad():
-            next_action, next_log_prob = self._dist(agent.forward(next_obs, mode="compute_actor")).rsample_with_log_prob()
+            next_dist = self._dist(agent.forward(next_obs, mode="compute_actor"))
+            next_action, next_log_prob = next_dist.rsample_with_log_prob()
             target_q = agent.target_forward({"obs": next_obs, "action": next_action}, mode="compute_critic")["q"]
             target = sac_critic_target(
                 target_q, next_log_prob, alpha, reward, terminated, self._gamma, self._nstep, value_gamma

@@ -121,3 +121,35 @@ def test_ppo_trains_on_the_gpu_and_its_snapshot_acts_the_same_on_cpu(run_root, c
     got = policy.eval_mode.forward(list(range(8)), dict(enumerate(obs)))
     for i in range(8):
         np.testing.assert_allclose(got[i]["action"], expected[i]["action"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["ddpg", "td3", "sac"])
+def test_continuous_off_policy_trains_on_the_gpu_and_acts_the_same_on_cpu(run_root, algo):
+    """DDPG / TD3 / SAC on a GPU: the QAC bounds, the noise plugins' bounds, SAC's log_alpha and its optimizer on
+    the device; a CPU eval-only policy loaded from the checkpoint acts identically."""
+    from nervex.entry import load_policy
+
+    cfg = {
+        "env": {"env_type": "pendulum", "manager_type": "base", "collector_env_num": 2, "evaluator_env_num": 1},
+        "policy": {
+            "policy_type": algo,
+            "use_cuda": True,
+            "model": {"hidden_sizes": [32, 32]},
+            "learn": {"batch_size": 16, "learning_starts": 32},
+        },
+        "replay_buffer": {"maxlen": 1000},
+        "evaluator": {"n_episode": 1, "eval_freq": 100000, "stop_val": 1e9},
+    }
+    with SerialTrainer(cfg, seed=0, exp_name=f"gpu_{algo}", run_root=run_root) as trainer:
+        assert all(p.device.type == "cuda" for p in trainer.policy.model.parameters())
+        assert trainer.policy.model.action_high.device.type == "cuda"
+        for _ in range(10):
+            trainer.train()
+        assert trainer.train_iter > 0
+        path = trainer.save_checkpoint()
+        obs = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+        expected = trainer.policy.eval_mode.forward(list(range(8)), dict(enumerate(obs)))
+    policy = load_policy(path, cfg=dict(cfg, policy=dict(cfg["policy"], use_cuda=False)))
+    got = policy.eval_mode.forward(list(range(8)), dict(enumerate(obs)))
+    for i in range(8):
+        np.testing.assert_allclose(got[i]["action"], expected[i]["action"], rtol=1e-5, atol=1e-5)

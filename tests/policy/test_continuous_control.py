@@ -91,11 +91,10 @@ def test_builder_fills_the_bounds_of_an_asymmetric_box():
 
 # ---- the learn step ----------------------------------------------------------------------------------------------
 def test_ddpg_critic_loss_uses_terminated_and_value_gamma():
-    policy = make("ddpg", discount_factor=0.9)
+    policy = make("ddpg", discount_factor=0.9, nstep=2)
     model, data = policy.model, batch()
     data["value_gamma"] = torch.tensor([0.9, 0.81] * 4)  # a truncated 1-step window among 2-step ones
     data["reward"] = torch.cat([data["reward"], torch.ones(8, 1)], dim=1)  # (B, nstep=2)
-    policy._nstep = 2
     with torch.no_grad():  # the target copy equals the online model before the first update
         next_q = model.compute_critic(data["next_obs"], model.compute_actor(data["next_obs"])["action"])["q"][0]
         q = model.compute_critic(data["obs"], data["action"])["q"][0]
@@ -203,3 +202,14 @@ def test_save_then_load_gives_identical_actions(name, tmp_path):
     loaded = make(name, seed=7)
     loaded.load_state_dict(load_checkpoint(path)["policy"])
     np.testing.assert_array_equal(actions(loaded.eval_mode), actions(policy.eval_mode))
+
+
+def test_ou_noise_keeps_one_process_per_env_id_and_the_actor_resets_it():
+    policy = make("ddpg", collect={"noise": {"type": "ou", "sigma": 0.5, "theta": 0.15, "dt": 0.01}})
+    plugin = policy._collect_agent.plugin("main", "ou_noise")
+    data = {0: OBS[0].numpy(), 3: OBS[1].numpy()}
+    policy.collect_mode.forward([0, 3], data)
+    policy.collect_mode.forward([3], {3: OBS[1].numpy()})
+    assert sorted(plugin.states) == [0, 3]
+    policy.collect_mode.reset([3])  # what the actor calls at env 3's episode end
+    assert sorted(plugin.states) == [0]

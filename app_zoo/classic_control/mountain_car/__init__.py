@@ -1,0 +1,1 @@
+"""MountainCarContinuous-v0: configs only (the env is gymnasium's, through env_type gym)."""
