@@ -97,6 +97,7 @@ class Row:
 
 
 CARTPOLE = "app_zoo/classic_control/cartpole/config"
+PENDULUM = "app_zoo/classic_control/pendulum/config"
 ROWS: Dict[str, Row] = {
     row.name: row
     for row in (
@@ -124,7 +125,7 @@ ROWS: Dict[str, Row] = {
         Row(
             "pendulum_ppo",
             "Pendulum-v1",
-            "app_zoo/classic_control/pendulum/config/pendulum_ppo.yaml",
+            f"{PENDULUM}/pendulum_ppo.yaml",
             -200,
             100_000,
             "ppo",
@@ -138,6 +139,19 @@ ROWS: Dict[str, Row] = {
             1_000_000,
             "ppo",
             eval_freq=20_000,
+        ),
+        Row("pendulum_sac", "Pendulum-v1", f"{PENDULUM}/pendulum_sac.yaml", -200, 20_000, "sac"),
+        Row("pendulum_td3", "Pendulum-v1", f"{PENDULUM}/pendulum_td3.yaml", -200, 20_000, "td3"),
+        Row("pendulum_ddpg", "Pendulum-v1", f"{PENDULUM}/pendulum_ddpg.yaml", -200, 20_000, "ddpg"),
+        Row(
+            "mountain_car_continuous_sac",
+            "MountainCarContinuous-v0",
+            "app_zoo/classic_control/mountain_car/config/mountain_car_continuous_sac.yaml",
+            90,
+            50_000,
+            "sac",
+            eval_freq=5000,
+            note="the zoo's SAC entry uses gSDE (SB3 runs it), nervex samples its squashed Gaussian",
         ),
         Row(
             "inverted_pendulum_ppo",
