@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
+from torch.nn.modules.module import (
+    register_module_buffer_registration_hook,
+    register_module_module_registration_hook,
+    register_module_parameter_registration_hook,
+)
 
 UPDATE_KWARGS = {"assign": ("freq",), "momentum": ("theta",)}
+
+# Bumped whenever any module anywhere gains or replaces a parameter, buffer or submodule: the Polyak updater's cached
+# tensor lists stay valid while it is unchanged (see TargetUpdater._paired_values).
+_registrations = [0]
+
+
+def _note_registration(*_args: Any) -> None:
+    _registrations[0] += 1
+
+
+register_module_parameter_registration_hook(_note_registration)
+register_module_buffer_registration_hook(_note_registration)
+register_module_module_registration_hook(_note_registration)
 
 
 def _check_update_kwargs(update_type: str, update_kwargs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -62,6 +80,9 @@ class TargetUpdater:
         self.main = main
         self.target = target
         self.update_count = 0
+        self._pairs: Optional[Tuple[List[torch.Tensor], List[torch.Tensor], List[Tuple[torch.Tensor, torch.Tensor]]]]
+        self._pairs = None
+        self._pairs_key = -1
 
     def update(self, source_state: Optional[Dict[str, Any]] = None) -> bool:
         """Apply one update step.
@@ -91,16 +112,28 @@ class TargetUpdater:
                 else:
                     target_value.copy_(source_state[key])
             return
-        # parameters() / buffers() skip duplicates, so a tied weight is averaged once, not twice
-        target_values = [*self.target.parameters(), *self.target.buffers()]
-        main_values = [*self.main.parameters(), *self.main.buffers()]
-        if len(target_values) != len(main_values):
-            raise RuntimeError("target and main models have different parameters/buffers; was the main model changed?")
-        float_targets = [t for t in target_values if t.is_floating_point()]
-        float_mains = [m for t, m in zip(target_values, main_values) if t.is_floating_point()]
+        float_targets, float_mains, other_pairs = self._paired_values()
         if float_targets:
             # one fused kernel over every tensor instead of a Python loop of lerp_ calls
             torch._foreach_lerp_(float_targets, float_mains, theta)
-        for target_value, main_value in zip(target_values, main_values):
-            if not target_value.is_floating_point():
-                target_value.copy_(main_value)
+        for target_value, main_value in other_pairs:
+            target_value.copy_(main_value)
+
+    def _paired_values(self) -> Tuple[List[torch.Tensor], List[torch.Tensor], List[Tuple[torch.Tensor, torch.Tensor]]]:
+        """``(float targets, their mains, other (target, main) pairs)``, collected once and reused while the models
+        keep the same tensors: walking two module trees on every Polyak step costs more than the averaging itself
+        for small nets. ``load_state_dict`` and ``.to()`` keep the tensor objects; registering or assigning a
+        parameter, buffer or submodule on any module makes the next update walk the trees again."""
+        if self._pairs is None or self._pairs_key != _registrations[0]:
+            # parameters() / buffers() skip duplicates, so a tied weight is averaged once, not twice
+            target_values = [*self.target.parameters(), *self.target.buffers()]
+            main_values = [*self.main.parameters(), *self.main.buffers()]
+            if len(target_values) != len(main_values):
+                raise RuntimeError(
+                    "target and main models have different parameters/buffers; was the main model changed?"
+                )
+            floats = [(t, m) for t, m in zip(target_values, main_values) if t.is_floating_point()]
+            others = [(t, m) for t, m in zip(target_values, main_values) if not t.is_floating_point()]
+            self._pairs = ([t for t, _ in floats], [m for _, m in floats], others)
+            self._pairs_key = _registrations[0]
+        return self._pairs

@@ -44,6 +44,20 @@ def test_momentum_moves_params_and_buffers_by_theta_each_call():
     assert agent.model.w.tolist() == [1.0, 1.0]  # the main model is never touched
 
 
+def test_momentum_follows_a_parameter_replaced_after_the_first_update():
+    agent = Agent(Tiny())
+    agent.add_model("target", update_type="momentum", update_kwargs={"theta": 0.5})
+    _set_main(agent, 1.0)
+    agent.target_update()  # tensor lists collected and cached: target w = 0.5
+    agent.model.w = nn.Parameter(torch.full((2,), 3.0))  # a new object: the cache must not keep the old one
+    agent.target_update()
+    assert _target_values(agent)[0] == pytest.approx([1.75, 1.75])  # 0.5 * 0.5 + 0.5 * 3
+    with torch.no_grad():
+        agent.model.w.fill_(5.0)  # in place: the cached tensors see it
+    agent.target_update()
+    assert _target_values(agent)[0] == pytest.approx([3.375, 3.375])
+
+
 def test_momentum_theta_one_is_a_copy():
     agent = Agent(Tiny())
     agent.add_model("target", update_type="momentum", update_kwargs={"theta": 1.0})
