@@ -8,20 +8,18 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 
 from nervex.config import merge_defaults
-from nervex.rl_utils import Adder, critic_loss, ddpg_critic_target, deterministic_actor_loss
+from nervex.rl_utils import critic_loss, ddpg_critic_target, deterministic_actor_loss
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
 from .off_policy_ac import (
     AC_CONFIG,
     NOISE_CONFIG,
+    DeterministicActing,
     build_qac,
     check_critic_num,
-    inference_agent,
     make_adam,
-    noise_plugin,
     nstep_terms,
-    nstep_train_sample,
     polyak_agent,
     step,
 )
@@ -99,35 +97,27 @@ class DDPGPolicy(CommonPolicy):
             info["priority"] = td_error.cpu().numpy()
         return info
 
-    # ---- collect ---------------------------------------------------------------------------------------------
+    # ---- collect and eval (shared with TD3 through DeterministicActing) -----------------------------------------
+    def _init_shared(self) -> None:
+        self._acting = DeterministicActing(self._model, self._cfg, self._use_cuda)
+
     def _init_collect(self) -> None:
-        self._gamma = float(self._cfg.discount_factor)
-        self._nstep = int(self._cfg.nstep)
-        self._traj_len = int(self._cfg.collect.traj_len) + self._nstep - 1
-        self._adder = Adder(self._use_cuda, unroll_len=1)
-        noise = self._cfg.collect.noise
-        self._noise_per_env = noise.type == "ou"
-        plugin, kwargs = noise_plugin(noise, self._model.action_low, self._model.action_high)
-        self._collect_agent = inference_agent(self._model, plugin, **kwargs)
+        self._traj_len = self._acting.traj_len
 
     def _forward_collect(self, data_id: List[int], data: Any) -> Output:
-        self._collect_agent.mode(train=False)
-        kwargs = {"state_id": data_id} if self._noise_per_env else {}
-        return {"action": self._collect_agent.forward(data, mode="compute_actor", **kwargs)["action"]}
+        return self._acting.collect(data_id, data)
 
     def _reset_collect(self, data_id: Optional[List[int]] = None) -> None:
-        self._collect_agent.reset(data_id)
+        self._acting.reset(data_id)
 
     def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
-        return nstep_train_sample(self._adder, traj_cache, self._traj_len, self._nstep, self._gamma)
+        return self._acting.train_sample(traj_cache)
 
-    # ---- eval ------------------------------------------------------------------------------------------------
     def _init_eval(self) -> None:
-        self._eval_agent = inference_agent(self._model)
+        pass  # the eval agent is part of self._acting
 
     def _forward_eval(self, data_id: List[int], data: Any) -> Output:
-        self._eval_agent.mode(train=False)
-        return {"action": self._eval_agent.forward(data, mode="compute_actor")["action"]}
+        return self._acting.evaluate(data)
 
 
 register_policy("ddpg", DDPGPolicy)

@@ -137,3 +137,47 @@ def step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, params: Optional[
     optimizer.zero_grad()
     loss.backward(inputs=params)
     optimizer.step()
+
+
+class DeterministicActing:
+    """The collect and eval side of a deterministic actor (DDPG, TD3): exploration noise from ``collect.noise`` when
+    collecting (per env for OU noise, reset at each env's episode end), the plain actor when evaluating, n-step
+    samples from the trajectories. A policy holds one and forwards its collect and eval modes to it.
+
+    Args:
+        model: The QAC (its action bounds clip the noisy actions).
+        cfg: The compiled ``policy`` section (``discount_factor``, ``nstep``, ``collect.traj_len``,
+            ``collect.noise``).
+        use_cuda: Whether samples are moved to the GPU (the Adder's setting).
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: Mapping[str, Any], use_cuda: bool) -> None:
+        self.model = model
+        self.gamma = float(cfg["discount_factor"])
+        self.nstep = int(cfg["nstep"])
+        # n-step targets look nstep - 1 transitions ahead, so a trajectory holds that many more
+        self.traj_len = int(cfg["collect"]["traj_len"]) + self.nstep - 1
+        self.adder = Adder(use_cuda, unroll_len=1)
+        noise = cfg["collect"]["noise"]
+        self.noise_per_env = noise["type"] == "ou"
+        plugin, kwargs = noise_plugin(noise, model.action_low, model.action_high)
+        self.collect_agent = inference_agent(model, plugin, **kwargs)
+        self.eval_agent = inference_agent(model)
+
+    def collect(self, data_id: List[int], data: Any) -> Dict[str, Any]:
+        """Noisy actions clipped to the bounds, ``{'action': (B, action_dim)}``."""
+        self.collect_agent.mode(train=False)
+        kwargs = {"state_id": data_id} if self.noise_per_env else {}
+        return {"action": self.collect_agent.forward(data, mode="compute_actor", **kwargs)["action"]}
+
+    def evaluate(self, data: Any) -> Dict[str, Any]:
+        """The actor's actions, without noise."""
+        self.eval_agent.mode(train=False)
+        return {"action": self.eval_agent.forward(data, mode="compute_actor")["action"]}
+
+    def reset(self, data_id: Optional[List[int]] = None) -> None:
+        """Restart the noise processes of ``data_id`` (all envs when None)."""
+        self.collect_agent.reset(data_id)
+
+    def train_sample(self, traj_cache: deque) -> List[Dict]:
+        return nstep_train_sample(self.adder, traj_cache, self.traj_len, self.nstep, self.gamma)

@@ -206,7 +206,7 @@ def test_save_then_load_gives_identical_actions(name, tmp_path):
 
 def test_ou_noise_keeps_one_process_per_env_id_and_the_actor_resets_it():
     policy = make("ddpg", collect={"noise": {"type": "ou", "sigma": 0.5, "theta": 0.15, "dt": 0.01}})
-    plugin = policy._collect_agent.plugin("main", "ou_noise")
+    plugin = policy._acting.collect_agent.plugin("main", "ou_noise")
     data = {0: OBS[0].numpy(), 3: OBS[1].numpy()}
     policy.collect_mode.forward([0, 3], data)
     policy.collect_mode.forward([3], {3: OBS[1].numpy()})
