@@ -59,17 +59,24 @@ class BatchedCritics(nn.Module):
             self.weights.append(nn.Parameter(torch.empty(num, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(num, 1, fan_out).uniform_(-bound, bound)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, first: Optional[int] = None) -> torch.Tensor:
+        """The critics' values; with ``first = k`` only the first ``k`` critics run (TD3's actor reads Q_1 alone:
+        half the arithmetic of that pass)."""
+        num = self.num if first is None else int(first)
+        if not 1 <= num <= self.num:
+            raise ValueError(f"BatchedCritics: first must be in 1..{self.num}, got {first!r}")
         if x.dim() == 2:
-            x = x.unsqueeze(0).expand(self.num, *x.shape)
-        if x.dim() != 3 or x.shape[0] != self.num or x.shape[-1] != self.in_dim:
+            x = x.unsqueeze(0).expand(num, *x.shape)
+        if x.dim() != 3 or x.shape[0] != num or x.shape[-1] != self.in_dim:
             raise ValueError(
                 f"BatchedCritics: input has shape {tuple(x.shape)}; expected (B, {self.in_dim}) or "
-                f"({self.num}, B, {self.in_dim})"
+                f"({num}, B, {self.in_dim})"
             )
         h = x
         last = len(self.weights) - 1
         for k, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            if num < self.num:
+                weight, bias = weight[:num], bias[:num]
             h = torch.baddbmm(bias, h, weight)
             if k < last:
                 h = self.activation(h)
@@ -160,12 +167,18 @@ class QAC(nn.Module):
     def critic_num(self) -> int:
         return self.critic.num
 
-    def forward(self, x: Union[torch.Tensor, Dict[str, torch.Tensor]], mode: str = "compute_actor"):
+    def forward(
+        self,
+        x: Union[torch.Tensor, Dict[str, torch.Tensor]],
+        mode: str = "compute_actor",
+        critics: Optional[int] = None,
+    ):
         """The actor's output or the critics' values.
 
         Args:
             x: Observations for ``'compute_actor'``; ``{'obs': ..., 'action': ...}`` for ``'compute_critic'``.
             mode: ``'compute_actor'`` or ``'compute_critic'``.
+            critics: ``'compute_critic'`` only: run the first ``critics`` critics (default: all).
 
         Returns:
             ``{'action'}`` (deterministic actor) or ``{'mu', 'sigma'}`` (squashed Gaussian); ``{'q'}`` for the critics.
@@ -178,7 +191,7 @@ class QAC(nn.Module):
         if mode == "compute_critic":
             if not isinstance(x, dict) or "obs" not in x or "action" not in x:
                 raise ValueError("QAC compute_critic needs {'obs': ..., 'action': ...}")
-            return self.compute_critic(x["obs"], x["action"])
+            return self.compute_critic(x["obs"], x["action"], critics)
         close = difflib.get_close_matches(str(mode), QAC_MODES, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ValueError(f"QAC forward mode must be one of {', '.join(QAC_MODES)}, got {mode!r}{hint}")
@@ -201,11 +214,13 @@ class QAC(nn.Module):
         mu, log_std = out.split(self.action_dim, dim=-1)
         return {"mu": mu, "sigma": log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()}
 
-    def compute_critic(self, obs: torch.Tensor, action: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """Every critic's ``Q(obs, action)``.
+    def compute_critic(
+        self, obs: torch.Tensor, action: torch.Tensor, critics: Optional[int] = None
+    ) -> Dict[str, torch.Tensor]:
+        """Every critic's ``Q(obs, action)`` (or the first ``critics`` of them).
 
         Shapes:
-            ``obs`` ``(B, *obs_shape)``, ``action`` ``(B, action_dim)`` -> ``q`` ``(critic_num, B)``.
+            ``obs`` ``(B, *obs_shape)``, ``action`` ``(B, action_dim)`` -> ``q`` ``(critics or critic_num, B)``.
         """
         flat = self._flat_obs(obs)
         if action.shape != flat.shape[:-1] + (self.action_dim,):
@@ -213,7 +228,7 @@ class QAC(nn.Module):
                 f"QAC compute_critic: action has shape {tuple(action.shape)}; expected "
                 f"{tuple(flat.shape[:-1]) + (self.action_dim,)}"
             )
-        return {"q": self.critic(torch.cat([flat, action.to(flat.dtype)], dim=-1))}
+        return {"q": self.critic(torch.cat([flat, action.to(flat.dtype)], dim=-1), critics)}
 
 
 MODEL_REGISTRY.register("qac", QAC)

@@ -106,7 +106,8 @@ class TD3Policy(CommonPolicy):
         # delayed: the actor and the targets move once every actor_update_freq critic steps
         if self._critic_steps % self._actor_update_freq == 0:
             action = agent.forward(obs, mode="compute_actor")["action"]
-            q_pi = agent.forward({"obs": obs, "action": action}, mode="compute_critic")["q"]
+            # the actor follows Q_1 alone (TD3, SB3): the second critic is not run
+            q_pi = agent.forward({"obs": obs, "action": action}, mode="compute_critic", critics=1)["q"]
             loss_actor = deterministic_actor_loss(q_pi, weight)
             step(self._actor_optimizer, loss_actor, self._actor_params)
             agent.target_update()

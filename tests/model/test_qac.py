@@ -80,6 +80,21 @@ def test_batched_critics_equal_separate_mlps_with_the_same_weights():
     assert not torch.allclose(q[0], q[1])  # independently initialised critics
 
 
+def test_first_critics_only_equal_the_full_run_and_leave_the_rest_without_gradient():
+    model = qac(critic_num=3, hidden_sizes=[16, 8])
+    obs, action = torch.randn(6, 5), torch.randn(6, 2, requires_grad=True)
+    full = model({"obs": obs, "action": action}, mode="compute_critic")["q"]
+    first = model({"obs": obs, "action": action}, mode="compute_critic", critics=1)["q"]
+    assert first.shape == (1, 6)
+    torch.testing.assert_close(first[0], full[0])
+    first.sum().backward()
+    assert action.grad is not None and action.grad.abs().sum() > 0
+    # the skipped critics' slices get zero gradient (their weights were not used)
+    assert model.critic.weights[0].grad[1:].abs().sum() == 0 and model.critic.weights[0].grad[0].abs().sum() > 0
+    with pytest.raises(ValueError, match="first must be in 1..3"):
+        model({"obs": obs, "action": action}, mode="compute_critic", critics=4)
+
+
 def test_gradients_flow_to_actor_and_every_critic():
     model = qac()
     obs = torch.randn(4, 5)
