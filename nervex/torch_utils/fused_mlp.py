@@ -155,7 +155,7 @@ def mlps_forward(x: torch.Tensor, plans: Sequence[Sequence[Tuple[Any, Optional[s
         outs = _MLPFunction.apply(h, structure, *weights)
         outs = outs if isinstance(outs, tuple) else (outs,)
     elif _numpy_inference_ok(h, weights):
-        outs = _numpy_forward(h.numpy(), structure, weights)
+        outs = _numpy_forward(h.detach().numpy(), structure, weights)
     else:
         outs, offset = [], 0
         for acts in structure:
