@@ -16,9 +16,10 @@ from .off_policy_ac import (
     AC_CONFIG,
     NOISE_CONFIG,
     DeterministicActing,
+    actor_critic_optimizers,
     build_qac,
     check_critic_num,
-    make_adam,
+    host_figures,
     nstep_terms,
     polyak_agent,
     step,
@@ -62,9 +63,7 @@ class DDPGPolicy(CommonPolicy):
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
         self._priority = bool(self._cfg.priority)
-        self._actor_params = list(self._model.actor.parameters())
-        self._actor_optimizer = make_adam(self._actor_params, learn.learning_rate, learn.grad_clip)
-        self._critic_optimizer = make_adam(self._model.critic.parameters(), learn.learning_rate, learn.grad_clip)
+        self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
         self._learn_agent = polyak_agent(self._model, learn.target_theta)
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
@@ -86,13 +85,10 @@ class DDPGPolicy(CommonPolicy):
         loss_actor = deterministic_actor_loss(q_pi, weight)
         step(self._actor_optimizer, loss_actor, self._actor_params)
         agent.target_update()
-        info = {
-            "cur_lr": self._critic_optimizer.param_groups[0]["lr"],
-            "total_loss": loss_critic.item() + loss_actor.item(),
-            "critic_loss": loss_critic.item(),
-            "actor_loss": loss_actor.item(),
-            "q_value": q.detach().mean().item(),
-        }
+        info: Dict[str, Any] = host_figures(critic_loss=loss_critic, actor_loss=loss_actor, q_value=q.mean())
+        info.update(
+            cur_lr=self._critic_optimizer.param_groups[0]["lr"], total_loss=info["critic_loss"] + info["actor_loss"]
+        )
         if self._priority:
             info["priority"] = td_error.cpu().numpy()
         return info

@@ -82,6 +82,21 @@ def make_adam(params: Any, lr: float, grad_clip: float) -> Adam:
     return Adam(params, lr=float(lr), **clip)
 
 
+def actor_critic_optimizers(model: torch.nn.Module, learn: Mapping[str, Any]) -> Tuple[List[torch.Tensor], Adam, Adam]:
+    """``(actor parameters, actor optimizer, critic optimizer)`` for a QAC, from ``learn.learning_rate`` and
+    ``learn.grad_clip``."""
+    actor_params = list(model.actor.parameters())
+    actor_optimizer = make_adam(actor_params, learn["learning_rate"], learn["grad_clip"])
+    critic_optimizer = make_adam(model.critic.parameters(), learn["learning_rate"], learn["grad_clip"])
+    return actor_params, actor_optimizer, critic_optimizer
+
+
+def host_figures(**tensors: torch.Tensor) -> Dict[str, float]:
+    """The logged scalars as Python floats, copied to the host together (one sync instead of one ``.item()`` each)."""
+    values = torch.stack([t.detach().reshape(()).float() for t in tensors.values()]).tolist()
+    return dict(zip(tensors, values))
+
+
 def polyak_agent(model: torch.nn.Module, theta: float) -> Agent:
     """A learner Agent over ``model`` with a Polyak-averaged copy ``'target'`` (actor and critics together)."""
     agent = Agent(model)

@@ -17,8 +17,10 @@ from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
 from .off_policy_ac import (
     AC_CONFIG,
+    actor_critic_optimizers,
     build_qac,
     check_critic_num,
+    host_figures,
     inference_agent,
     make_adam,
     nstep_terms,
@@ -85,9 +87,7 @@ class SACPolicy(CommonPolicy):
         self._log_alpha = torch.full((), math.log(learn.alpha), device=self._device, requires_grad=self._auto_alpha)
         if self._auto_alpha:
             self._alpha_optimizer = make_adam([self._log_alpha], learn.learning_rate, 0.0)
-        self._actor_params = list(self._model.actor.parameters())
-        self._actor_optimizer = make_adam(self._actor_params, learn.learning_rate, learn.grad_clip)
-        self._critic_optimizer = make_adam(self._model.critic.parameters(), learn.learning_rate, learn.grad_clip)
+        self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
         self._learn_agent = polyak_agent(self._model, learn.target_theta)
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
@@ -98,11 +98,11 @@ class SACPolicy(CommonPolicy):
         # a fresh reparameterized action of the current policy: for the temperature's and the actor's losses
         action_pi, log_prob = self._dist(agent.forward(obs, mode="compute_actor")).rsample_with_log_prob()
         alpha = self._log_alpha.detach().exp()  # this step's losses use the temperature from before its update
-        info: Dict[str, Any] = {"alpha": alpha.item(), "entropy": -log_prob.detach().mean().item()}
+        figures = dict(alpha=alpha, entropy=-log_prob.mean())
         if self._auto_alpha:
             loss_alpha = sac_alpha_loss(self._log_alpha, log_prob, self._target_entropy)
             step(self._alpha_optimizer, loss_alpha)
-            info["alpha_loss"] = loss_alpha.item()
+            figures["alpha_loss"] = loss_alpha
         # critics: regress every Q(s, a) on the soft value of a' ~ pi(.|s') under the smaller target critic
         with torch.no_grad():
             next_dist = self._dist(agent.forward(next_obs, mode="compute_actor"))
@@ -119,12 +119,9 @@ class SACPolicy(CommonPolicy):
         loss_actor = sac_actor_loss(q_pi, log_prob, alpha, weight)
         step(self._actor_optimizer, loss_actor, self._actor_params)
         agent.target_update()
+        info: Dict[str, Any] = host_figures(**figures, critic_loss=loss_critic, actor_loss=loss_actor, q_value=q.mean())
         info.update(
-            cur_lr=self._critic_optimizer.param_groups[0]["lr"],
-            total_loss=loss_critic.item() + loss_actor.item(),
-            critic_loss=loss_critic.item(),
-            actor_loss=loss_actor.item(),
-            q_value=q.detach().mean().item(),
+            cur_lr=self._critic_optimizer.param_groups[0]["lr"], total_loss=info["critic_loss"] + info["actor_loss"]
         )
         if self._priority:
             info["priority"] = td_error.cpu().numpy()

@@ -16,9 +16,10 @@ from .off_policy_ac import (
     AC_CONFIG,
     NOISE_CONFIG,
     DeterministicActing,
+    actor_critic_optimizers,
     build_qac,
     check_critic_num,
-    make_adam,
+    host_figures,
     nstep_terms,
     polyak_agent,
     step,
@@ -73,9 +74,7 @@ class TD3Policy(CommonPolicy):
         scale = self._model.action_scale
         self._smoothing_sigma = float(learn.target_policy_noise) * scale
         self._smoothing_clip = float(learn.noise_clip) * scale
-        self._actor_params = list(self._model.actor.parameters())
-        self._actor_optimizer = make_adam(self._actor_params, learn.learning_rate, learn.grad_clip)
-        self._critic_optimizer = make_adam(self._model.critic.parameters(), learn.learning_rate, learn.grad_clip)
+        self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
         self._learn_agent = polyak_agent(self._model, learn.target_theta)
         self._critic_steps = 0
 
@@ -97,12 +96,7 @@ class TD3Policy(CommonPolicy):
         loss_critic, td_error = critic_loss(q, target, weight)
         step(self._critic_optimizer, loss_critic)
         self._critic_steps += 1
-        info = {
-            "cur_lr": self._critic_optimizer.param_groups[0]["lr"],
-            "total_loss": loss_critic.item(),
-            "critic_loss": loss_critic.item(),
-            "q_value": q.detach().mean().item(),
-        }
+        figures = dict(critic_loss=loss_critic, q_value=q.mean())
         # delayed: the actor and the targets move once every actor_update_freq critic steps
         if self._critic_steps % self._actor_update_freq == 0:
             action = agent.forward(obs, mode="compute_actor")["action"]
@@ -111,8 +105,12 @@ class TD3Policy(CommonPolicy):
             loss_actor = deterministic_actor_loss(q_pi, weight)
             step(self._actor_optimizer, loss_actor, self._actor_params)
             agent.target_update()
-            info["actor_loss"] = loss_actor.item()
-            info["total_loss"] += info["actor_loss"]
+            figures["actor_loss"] = loss_actor
+        info: Dict[str, Any] = host_figures(**figures)
+        info.update(
+            cur_lr=self._critic_optimizer.param_groups[0]["lr"],
+            total_loss=info["critic_loss"] + info.get("actor_loss", 0.0),
+        )
         if self._priority:
             info["priority"] = td_error.cpu().numpy()
         return info
