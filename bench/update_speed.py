@@ -118,11 +118,18 @@ ROWS: Dict[str, Row] = {
 # ---- nervex ----------------------------------------------------------------------------------------------------------
 def nervex_rate(row: Row, updates: int, device: str, seed: int) -> float:
     """nervex gradient updates per second on ``row`` (after a real warm-up fills the buffer or a rollout)."""
+    import torch
+
     from nervex.config import apply_overrides, read_config
     from nervex.entry import SerialTrainer
     from nervex.torch_utils import collate
 
-    overrides = list(row.overrides) + ["evaluator.eval_freq=1000000000000", f"policy.use_cuda={device == 'cuda'}"]
+    overrides = list(row.overrides) + [
+        "evaluator.eval_freq=1000000000000",
+        f"policy.use_cuda={device == 'cuda'}",
+        # the trainer sets torch's intra-op threads from the config (default 1): give it the benchmark's count
+        f"num_threads={torch.get_num_threads()}",
+    ]
     cfg = apply_overrides(read_config(os.path.join(ROOT, row.config)), overrides)
     with tempfile.TemporaryDirectory() as run_root:
         with SerialTrainer(cfg, seed=seed, exp_name=f"update_speed_{row.name}", run_root=run_root) as trainer:

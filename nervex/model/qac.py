@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from nervex.torch_utils import MLP, get_activation
+from nervex.torch_utils.fused_mlp import FUSED_ACTIVATIONS, batched_mlps_forward
 from nervex.utils import MODEL_REGISTRY
 
 from .discrete_net import _as_shape, _check_trailing_shape
@@ -51,6 +52,7 @@ class BatchedCritics(nn.Module):
         self.num = num
         self.in_dim = int(in_dim)
         self.activation = get_activation(activation)
+        self.activation_name = str(activation).lower()
         sizes = [self.in_dim, *(int(s) for s in hidden_sizes), 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
@@ -59,26 +61,29 @@ class BatchedCritics(nn.Module):
             self.weights.append(nn.Parameter(torch.empty(num, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(num, 1, fan_out).uniform_(-bound, bound)))
 
-    def forward(self, x: torch.Tensor, first: Optional[int] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, first: Optional[int] = None, param_grad: bool = True) -> torch.Tensor:
         """The critics' values; with ``first = k`` only the first ``k`` critics run (TD3's actor reads Q_1 alone:
-        half the arithmetic of that pass)."""
+        half the arithmetic of that pass); with ``param_grad=False`` no gradient reaches the critics' weights (an
+        actor's loss needs only the action's gradient, and skips the weights' matmuls)."""
         num = self.num if first is None else int(first)
         if not 1 <= num <= self.num:
             raise ValueError(f"BatchedCritics: first must be in 1..{self.num}, got {first!r}")
-        if x.dim() == 2:
-            x = x.unsqueeze(0).expand(num, *x.shape)
-        if x.dim() != 3 or x.shape[0] != num or x.shape[-1] != self.in_dim:
+        if x.dim() not in (2, 3) or (x.dim() == 3 and x.shape[0] != num) or x.shape[-1] != self.in_dim:
             raise ValueError(
                 f"BatchedCritics: input has shape {tuple(x.shape)}; expected (B, {self.in_dim}) or "
                 f"({num}, B, {self.in_dim})"
             )
-        h = x
-        last = len(self.weights) - 1
-        for k, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            if num < self.num:
-                weight, bias = weight[:num], bias[:num]
+        weights, biases = list(self.weights), list(self.biases)
+        if num < self.num:
+            weights, biases = [w[:num] for w in weights], [b[:num] for b in biases]
+        if self.activation_name in FUSED_ACTIVATIONS:
+            return batched_mlps_forward(x, weights, biases, self.activation_name, param_grad).squeeze(-1)
+        if not param_grad:
+            weights, biases = [w.detach() for w in weights], [b.detach() for b in biases]
+        h = x.unsqueeze(0).expand(num, *x.shape) if x.dim() == 2 else x
+        for k, (weight, bias) in enumerate(zip(weights, biases)):
             h = torch.baddbmm(bias, h, weight)
-            if k < last:
+            if k < len(weights) - 1:
                 h = self.activation(h)
         return h.squeeze(-1)
 
@@ -172,6 +177,7 @@ class QAC(nn.Module):
         x: Union[torch.Tensor, Dict[str, torch.Tensor]],
         mode: str = "compute_actor",
         critics: Optional[int] = None,
+        param_grad: bool = True,
     ):
         """The actor's output or the critics' values.
 
@@ -179,9 +185,12 @@ class QAC(nn.Module):
             x: Observations for ``'compute_actor'``; ``{'obs': ..., 'action': ...}`` for ``'compute_critic'``.
             mode: ``'compute_actor'`` or ``'compute_critic'``.
             critics: ``'compute_critic'`` only: run the first ``critics`` critics (default: all).
+            param_grad: ``'compute_critic'`` only: False keeps gradients away from the critics' weights (an actor's
+                loss through the critics).
 
         Returns:
-            ``{'action'}`` (deterministic actor) or ``{'mu', 'sigma'}`` (squashed Gaussian); ``{'q'}`` for the critics.
+            ``{'action'}`` (deterministic actor) or ``{'mu', 'sigma', 'log_sigma'}`` (squashed Gaussian); ``{'q'}`` for
+            the critics.
 
         Raises:
             ValueError: an unknown ``mode``, or inputs of the wrong shape.
@@ -191,7 +200,7 @@ class QAC(nn.Module):
         if mode == "compute_critic":
             if not isinstance(x, dict) or "obs" not in x or "action" not in x:
                 raise ValueError("QAC compute_critic needs {'obs': ..., 'action': ...}")
-            return self.compute_critic(x["obs"], x["action"], critics)
+            return self.compute_critic(x["obs"], x["action"], critics, param_grad)
         close = difflib.get_close_matches(str(mode), QAC_MODES, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ValueError(f"QAC forward mode must be one of {', '.join(QAC_MODES)}, got {mode!r}{hint}")
@@ -203,7 +212,7 @@ class QAC(nn.Module):
         return obs.flatten(start_dim=obs.dim() - len(self.obs_shape))
 
     def compute_actor(self, obs: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """``{'action'}`` in ``[action_low, action_high]``, or the pre-squash ``{'mu', 'sigma'}``.
+        """``{'action'}`` in ``[action_low, action_high]``, or the pre-squash ``{'mu', 'sigma', 'log_sigma'}``.
 
         Shapes:
             ``obs`` ``(B, *obs_shape)`` -> ``(B, action_dim)`` each.
@@ -212,10 +221,11 @@ class QAC(nn.Module):
         if self.actor_type == "deterministic":
             return {"action": self.action_loc + self.action_scale * torch.tanh(out)}
         mu, log_std = out.split(self.action_dim, dim=-1)
-        return {"mu": mu, "sigma": log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()}
+        log_sigma = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        return {"mu": mu, "sigma": log_sigma.exp(), "log_sigma": log_sigma}
 
     def compute_critic(
-        self, obs: torch.Tensor, action: torch.Tensor, critics: Optional[int] = None
+        self, obs: torch.Tensor, action: torch.Tensor, critics: Optional[int] = None, param_grad: bool = True
     ) -> Dict[str, torch.Tensor]:
         """Every critic's ``Q(obs, action)`` (or the first ``critics`` of them).
 
@@ -228,7 +238,7 @@ class QAC(nn.Module):
                 f"QAC compute_critic: action has shape {tuple(action.shape)}; expected "
                 f"{tuple(flat.shape[:-1]) + (self.action_dim,)}"
             )
-        return {"q": self.critic(torch.cat([flat, action.to(flat.dtype)], dim=-1), critics)}
+        return {"q": self.critic(torch.cat([flat, action.to(flat.dtype)], dim=-1), critics, param_grad)}
 
 
 MODEL_REGISTRY.register("qac", QAC)

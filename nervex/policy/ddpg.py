@@ -81,7 +81,7 @@ class DDPGPolicy(CommonPolicy):
         step(self._critic_optimizer, loss_critic)
         # actor: climb the (updated) critic's value of its own action
         action = agent.forward(obs, mode="compute_actor")["action"]
-        q_pi = agent.forward({"obs": obs, "action": action}, mode="compute_critic")["q"]
+        q_pi = agent.forward({"obs": obs, "action": action}, mode="compute_critic", param_grad=False)["q"]
         loss_actor = deterministic_actor_loss(q_pi, weight)
         step(self._actor_optimizer, loss_actor, self._actor_params)
         agent.target_update()

@@ -92,7 +92,10 @@ def actor_critic_optimizers(model: torch.nn.Module, learn: Mapping[str, Any]) ->
 
 
 def host_figures(**tensors: torch.Tensor) -> Dict[str, float]:
-    """The logged scalars as Python floats, copied to the host together (one sync instead of one ``.item()`` each)."""
+    """The logged scalars as Python floats: on an accelerator copied to the host together (one sync instead of one
+    ``.item()`` each); on the CPU read one by one (an ``.item()`` is cheaper there than stacking them)."""
+    if all(t.device.type == "cpu" for t in tensors.values()):
+        return {name: t.item() for name, t in tensors.items()}
     values = torch.stack([t.detach().reshape(()).float() for t in tensors.values()]).tolist()
     return dict(zip(tensors, values))
 

@@ -101,7 +101,8 @@ class TD3Policy(CommonPolicy):
         if self._critic_steps % self._actor_update_freq == 0:
             action = agent.forward(obs, mode="compute_actor")["action"]
             # the actor follows Q_1 alone (TD3, SB3): the second critic is not run
-            q_pi = agent.forward({"obs": obs, "action": action}, mode="compute_critic", critics=1)["q"]
+            pair = {"obs": obs, "action": action}
+            q_pi = agent.forward(pair, mode="compute_critic", critics=1, param_grad=False)["q"]
             loss_actor = deterministic_actor_loss(q_pi, weight)
             step(self._actor_optimizer, loss_actor, self._actor_params)
             agent.target_update()

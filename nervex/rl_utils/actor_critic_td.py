@@ -78,9 +78,11 @@ def bootstrap_target(
     check_nstep_reward("bootstrap_target", reward, nstep, batch)
     with torch.no_grad():
         dtype = next_value.dtype
-        discount = gamma**nstep if value_gamma is None else value_gamma.to(dtype)
         not_terminal = 1.0 - terminated.to(dtype)
-        return nstep_return(reward.to(dtype), gamma, nstep, "bootstrap_target") + discount * not_terminal * next_value
+        reward_sum = nstep_return(reward.to(dtype), gamma, nstep, "bootstrap_target")
+        if value_gamma is None:
+            return torch.addcmul(reward_sum, not_terminal, next_value, value=gamma**nstep)
+        return torch.addcmul(reward_sum, value_gamma.to(dtype) * not_terminal, next_value)
 
 
 def ddpg_critic_target(
@@ -213,10 +215,10 @@ def target_policy_smoothing(
             f"target_policy_smoothing: noise has shape {tuple(noise.shape)}; expected the action's {tuple(action.shape)}"
         )
     clip = torch.as_tensor(noise_clip, dtype=action.dtype, device=action.device)
-    smoothed = action + torch.maximum(torch.minimum(noise, clip), -clip)
+    smoothed = action + torch.clamp(noise, -clip, clip)
     low = torch.as_tensor(low, dtype=action.dtype, device=action.device)
     high = torch.as_tensor(high, dtype=action.dtype, device=action.device)
-    return torch.maximum(torch.minimum(smoothed, high), low)
+    return smoothed.clamp_(low, high)
 
 
 def deterministic_actor_loss(q: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:

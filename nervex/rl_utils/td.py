@@ -67,6 +67,8 @@ def nstep_return(reward: torch.Tensor, gamma: float, nstep: int, fn_name: str = 
             f"{fn_name}: reward has shape {tuple(reward.shape)} but nstep={nstep}; expected (nstep, B) = "
             f"({nstep}, B) with time first (transpose a (B, nstep) reward)"
         )
+    if nstep == 1:
+        return reward[0]
     factors = gamma ** torch.arange(nstep, dtype=reward.dtype, device=reward.device)
     return (factors.reshape((nstep,) + (1,) * (reward.dim() - 1)) * reward).sum(0)
 

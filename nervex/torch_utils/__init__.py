@@ -2,7 +2,7 @@
 
 from .checkpoint import CheckpointError, check_checkpoint_state, load_checkpoint, save_checkpoint
 from .data_helper import collate, decollate, to_device, to_ndarray, to_tensor
-from .distribution import CategoricalDist, GaussianDist, TanhGaussianDist
+from .distribution import CategoricalDist, GaussianDist, SquashBounds, TanhGaussianDist, squash_bounds
 from .network import MLP, conv2d_block, fc_block, get_activation
 from .normalizer import ReturnNormalizer, RunningMeanStd
 from .optimizer import Adam, clip_grad_norm
@@ -25,7 +25,9 @@ __all__ = [
     "get_activation",
     "CategoricalDist",
     "GaussianDist",
+    "SquashBounds",
     "TanhGaussianDist",
+    "squash_bounds",
     "RunningMeanStd",
     "ReturnNormalizer",
 ]

@@ -14,7 +14,7 @@ with no legal action would otherwise silently produce ``nan`` probabilities.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -186,6 +186,54 @@ class GaussianDist:
         return (0.5 + _HALF_LOG_2PI + self.sigma.log()).sum(-1)
 
 
+class SquashBounds(NamedTuple):
+    """A squashed Gaussian's action bounds with what its formulas derive from them, computed once
+    (:func:`squash_bounds`) instead of at every :class:`TanhGaussianDist` construction."""
+
+    low: torch.Tensor
+    high: torch.Tensor
+    loc: torch.Tensor  # (high + low) / 2
+    scale: torch.Tensor  # (high - low) / 2
+    log_scale_sum: torch.Tensor  # sum_d log scale_d
+
+
+def squash_bounds(
+    low: Bound,
+    high: Bound,
+    dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: Any = None,
+    validate_args: Optional[bool] = None,
+) -> SquashBounds:
+    """The :class:`SquashBounds` of an action space ``[low, high]`` of ``dim`` dimensions.
+
+    Args:
+        low, high: The bounds, scalars or :math:`(dim,)` (tensors, arrays or numbers).
+        dim: Action dimensions.
+        dtype, device: Of the bound tensors.
+        validate_args: Check ``low < high``: ``None`` where it needs no device sync (host values, CPU tensors).
+
+    Raises:
+        ValueError: a bound does not broadcast to :math:`(dim,)`, or ``low >= high`` somewhere.
+    """
+    on_host = not (isinstance(low, torch.Tensor) or isinstance(high, torch.Tensor))
+    bounds = []
+    for name, value in (("low", low), ("high", high)):
+        bound = torch.as_tensor(value, dtype=dtype, device=device)
+        if bound.dim() > 1 or (bound.dim() == 1 and bound.shape[0] != dim):
+            raise ValueError(f"TanhGaussianDist: {name} has shape {tuple(bound.shape)}; expected a scalar or ({dim},)")
+        bounds.append(bound.expand(dim))
+    low_t, high_t = bounds
+    if on_host:  # compared before they reach the device, so no sync
+        ordered = bool(np.all(np.asarray(low, dtype=np.float64) < np.asarray(high, dtype=np.float64)))
+    else:
+        ordered = not _check_values(low_t, validate_args) or bool((low_t < high_t).all())
+    if not ordered:
+        raise ValueError(f"TanhGaussianDist: need low < high in every dimension, got low={low}, high={high}")
+    scale = (high_t - low_t) / 2
+    return SquashBounds(low_t, high_t, (high_t + low_t) / 2, scale, scale.log().sum())
+
+
 class TanhGaussianDist:
     """SAC's squashed Gaussian: ``u ~ N(mu, sigma)``, ``a = loc + scale * tanh(u)`` with ``loc = (high + low) / 2``,
     ``scale = (high - low) / 2`` per dimension (``a = tanh(u)`` in ``[-1, 1]`` without bounds).
@@ -199,9 +247,11 @@ class TanhGaussianDist:
         sigma: Its standard deviations, > 0, broadcastable to ``mu`` (see :class:`GaussianDist`).
         low: Lower action bounds (e.g. an env's ``Box.low``), a scalar or :math:`(D,)`; ``None`` with ``high``.
             NumPy / float bounds are copied to ``mu``'s device on every construction: a policy on an accelerator
-            should convert them to tensors there once.
+            should convert them to tensors there once. A :class:`SquashBounds` (with ``high=None``) is used as it is:
+            the cheapest construction, for a learner that builds one distribution per step.
         high: Upper action bounds, a scalar or :math:`(D,)`; ``None`` with ``low``.
         validate_args: As for :class:`GaussianDist`; also checks ``low < high`` (always free for non-tensor bounds).
+        log_sigma: ``log(sigma)`` where the caller has it (a model's clamped log-std), so it is not recomputed.
 
     Shapes:
         - mu: :math:`(*, D)`
@@ -216,63 +266,65 @@ class TanhGaussianDist:
         self,
         mu: torch.Tensor,
         sigma: torch.Tensor,
-        low: Optional[Bound] = None,
+        low: Optional[Union[Bound, SquashBounds]] = None,
         high: Optional[Bound] = None,
         validate_args: Optional[bool] = None,
+        log_sigma: Optional[torch.Tensor] = None,
     ):
         self.base = GaussianDist(mu, sigma, validate_args)
-        self.low: Optional[torch.Tensor] = None
-        self.high: Optional[torch.Tensor] = None
-        self.loc: Optional[torch.Tensor] = None
-        self.scale: Optional[torch.Tensor] = None
-        self._log_scale_sum: Union[torch.Tensor, float] = 0.0
-        if (low is None) != (high is None):
+        self.log_sigma = log_sigma
+        self.bounds: Optional[SquashBounds] = None
+        if isinstance(low, SquashBounds):
+            if high is not None:
+                raise ValueError("TanhGaussianDist: with SquashBounds as low, leave high None")
+            self.bounds = low
+        elif (low is None) != (high is None):
             raise ValueError("TanhGaussianDist: give both low and high, or neither (actions in [-1, 1])")
-        if low is not None:
-            self._set_bounds(low, high, validate_args)
+        elif low is not None:
+            self.bounds = squash_bounds(low, high, mu.shape[-1], mu.dtype, mu.device, validate_args)
 
-    def _set_bounds(self, low: Bound, high: Bound, validate_args: Optional[bool]) -> None:
-        mu = self.base.mu
-        on_host = not (isinstance(low, torch.Tensor) or isinstance(high, torch.Tensor))
-        dim = mu.shape[-1:]
-        bounds = []
-        for name, value in (("low", low), ("high", high)):
-            bound = torch.as_tensor(value, dtype=mu.dtype, device=mu.device)
-            if bound.dim() > 1 or (bound.dim() == 1 and bound.shape != dim):
-                raise ValueError(
-                    f"TanhGaussianDist: {name} has shape {tuple(bound.shape)}; expected a scalar or ({dim[0]},)"
-                )
-            bounds.append(bound.expand(dim))
-        self.low, self.high = bounds
-        if on_host:  # compared before they reach the device, so no sync
-            ordered = bool(np.all(np.asarray(low, dtype=np.float64) < np.asarray(high, dtype=np.float64)))
-        else:
-            ordered = not _check_values(self.low, validate_args) or bool((self.low < self.high).all())
-        if not ordered:
-            raise ValueError(f"TanhGaussianDist: need low < high in every dimension, got low={low}, high={high}")
-        self.loc = (self.high + self.low) / 2
-        self.scale = (self.high - self.low) / 2
-        self._log_scale_sum = self.scale.log().sum()
+    @property
+    def low(self) -> Optional[torch.Tensor]:
+        return None if self.bounds is None else self.bounds.low
+
+    @property
+    def high(self) -> Optional[torch.Tensor]:
+        return None if self.bounds is None else self.bounds.high
 
     def _squash(self, u: torch.Tensor) -> torch.Tensor:
         a = torch.tanh(u)
-        if self.scale is None:
+        if self.bounds is None:
             return a
+        b = self.bounds
         # clamped because loc + scale * 1 may round one ulp past high
-        return torch.clamp(self.loc + self.scale * a, self.low, self.high)
+        return torch.clamp(torch.addcmul(b.loc, b.scale, a), b.low, b.high)
+
+    def _log_scale_sum(self) -> Union[torch.Tensor, float]:
+        return 0.0 if self.bounds is None else self.bounds.log_scale_sum
 
     def _log_prob_u(self, u: torch.Tensor) -> torch.Tensor:
         log_det_tanh = (2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))).sum(-1)
-        return self.base.log_prob(u) - log_det_tanh - self._log_scale_sum
+        return self.base.log_prob(u) - log_det_tanh - self._log_scale_sum()
 
     def rsample_with_log_prob(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """A reparameterized action and its log-probability, computed from the pre-squash sample (exact).
 
+        With ``u = mu + sigma * eps`` the Gaussian term is ``-eps^2 / 2 - log sigma - log(2 pi) / 2`` per dimension,
+        so the log-probability costs a few fused kernels: per dimension ``t = -2u`` and
+        ``log p = -(eps^2 / 2 + log sigma + t - 2 softplus(t)) - log(2 pi) / 2 - 2 log 2 - log scale``.
+
         Returns:
             ``(action, log_prob)``, shapes :math:`(*, D)` and :math:`(*)`.
         """
-        u = self.base.rsample()
-        return self._squash(u), self._log_prob_u(u)
+        mu, sigma = self.base.mu, self.base.sigma
+        eps = torch.randn_like(mu)
+        u = torch.addcmul(mu, sigma, eps)
+        t = u * -2.0
+        log_sigma = sigma.log() if self.log_sigma is None else self.log_sigma
+        per_dim = torch.addcmul(log_sigma, eps, eps, value=0.5).add_(t).sub_(F.softplus(t), alpha=2.0)
+        const = mu.shape[-1] * (_HALF_LOG_2PI + 2.0 * _LOG_2)
+        log_prob = (-const - self._log_scale_sum()) - per_dim.sum(-1)
+        return self._squash(u), log_prob
 
     def sample_with_log_prob(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`rsample_with_log_prob`, without gradient."""
@@ -300,7 +352,7 @@ class TanhGaussianDist:
             ValueError: ``action`` is not shaped like ``mu``.
         """
         _check_action_shape("TanhGaussianDist", action, tuple(self.base.mu.shape))
-        y = action if self.scale is None else (action - self.loc) / self.scale
+        y = action if self.bounds is None else (action - self.bounds.loc) / self.bounds.scale
         u = torch.atanh(y.clamp(-1.0 + eps, 1.0 - eps))
         return self._log_prob_u(u)
 

@@ -7,6 +7,7 @@ import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
+from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 GRAD_CLIP_TYPES = ("clip_norm", "clip_value")
 GRAD_IGNORE_TYPES = ("ignore_norm", "ignore_value")
@@ -67,6 +68,15 @@ def _fused_supported(params: List[Any]) -> bool:
     return bool(tensors) and all(
         isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type in ("cpu", "cuda") for t in tensors
     )
+
+
+def _torch_adam_step(optimizer: torch.optim.Adam) -> None:
+    """``torch.optim.Adam.step`` without torch's hook wrapper, which it gains once any plain ``torch.optim.Adam`` is
+    built (our ``step`` has already run the hooks)."""
+    step = torch.optim.Adam.step
+    if getattr(step, "hooked", False):
+        step = step.__wrapped__
+    step(optimizer)
 
 
 class Adam(torch.optim.Adam):
@@ -234,9 +244,12 @@ class Adam(torch.optim.Adam):
         size = float(size)
         return not math.isfinite(size) or size > self.ignore_value
 
-    @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[Union[float, torch.Tensor]]:
         """Evaluate ``closure`` (if given), skip or clip as configured, then take the Adam step.
+
+        torch wraps an optimizer's ``step`` in a profiler range and runs the registered step hooks; this does the
+        same, but skips the range and the hook loop when no hook is registered and no profiler is on (~60 us of a
+        step that takes ~80 us on a small net's CPU learner).
 
         Args:
             closure: Re-evaluates the model and returns the loss, as for ``torch.optim.Adam.step``.
@@ -244,6 +257,22 @@ class Adam(torch.optim.Adam):
         Returns:
             The closure's loss, or None.
         """
+        if (
+            closure is not None
+            or torch.autograd._profiler_enabled()
+            or self._optimizer_step_pre_hooks
+            or self._optimizer_step_post_hooks
+            or _global_optimizer_pre_hooks
+            or _global_optimizer_post_hooks
+        ):
+            return self._hooked_step(closure)
+        with torch.no_grad():
+            return self._step(None)
+
+    step.hooked = True  # type: ignore[attr-defined]  (torch's __init__ would wrap it again otherwise)
+
+    @torch.no_grad()
+    def _step(self, closure: Optional[Callable[[], float]] = None) -> Optional[Union[float, torch.Tensor]]:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -257,5 +286,8 @@ class Adam(torch.optim.Adam):
         elif self.grad_clip_type == "clip_value" and params:
             torch.nn.utils.clip_grad_value_(params, self.clip_value)
         if not self._lean_step():
-            super().step()
+            _torch_adam_step(self)
         return loss
+
+    # the step as torch runs it: in a profiler range, with the registered pre- and post-step hooks
+    _hooked_step = torch.optim.Optimizer.profile_hook_step(_step)

@@ -112,3 +112,22 @@ def test_bounds_are_constructor_arguments_not_state():
     other = QAC(5, 2, action_low=[-2.0, -2.0], action_high=[2.0, 2.0])
     other.load_state_dict(model.state_dict())
     assert other.action_high.tolist() == [2.0, 2.0]
+
+
+def test_critics_without_param_grad_pass_the_action_gradient_and_leave_the_weights_alone():
+    model = qac(critic_num=2, hidden_sizes=[16, 8])
+    obs, action = torch.randn(6, 5), torch.randn(6, 2, requires_grad=True)
+    full = model({"obs": obs, "action": action}, mode="compute_critic")["q"]
+    expected = torch.autograd.grad(full.sum(), action)[0]
+    q = model({"obs": obs, "action": action}, mode="compute_critic", param_grad=False)["q"]
+    torch.testing.assert_close(q, full)
+    q.sum().backward()
+    torch.testing.assert_close(action.grad, expected)
+    assert all(p.grad is None for p in model.critic.parameters())
+
+
+def test_squashed_gaussian_actor_returns_its_clamped_log_sigma():
+    model = qac(actor_type="squashed_gaussian")
+    out = model(torch.randn(3, 5))
+    torch.testing.assert_close(out["log_sigma"].exp(), out["sigma"])
+    assert (out["log_sigma"] >= -20).all() and (out["log_sigma"] <= 2).all()

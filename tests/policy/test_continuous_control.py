@@ -213,3 +213,114 @@ def test_ou_noise_keeps_one_process_per_env_id_and_the_actor_resets_it():
     assert sorted(plugin.states) == [0, 3]
     policy.collect_mode.reset([3])  # what the actor calls at env 3's episode end
     assert sorted(plugin.states) == [0]
+
+
+def _reference_critics(model, x, first=None):
+    """The critics as plain autograd ops (one baddbmm and ReLU per layer), the reference of the fused node."""
+    weights, biases = list(model.critic.weights), list(model.critic.biases)
+    num = len(weights[0]) if first is None else first
+    h = x.unsqueeze(0).expand(num, *x.shape)
+    for k, (w, b) in enumerate(zip(weights, biases)):
+        h = torch.baddbmm(b[:num], h, w[:num])
+        h = torch.relu(h) if k < len(weights) - 1 else h
+    return h.squeeze(-1)
+
+
+def test_sac_learn_step_equals_a_plain_reference_update():
+    """One SAC update against the textbook order written with plain ops (SB3's): temperature step, critic step on
+    the soft target, actor step through the updated critics, Polyak move; the same noise draws on both sides."""
+    import copy
+
+    policy = make("sac", seed=3, learn={"target_theta": 0.5})  # a large tau, so a wrong one shows
+    model = copy.deepcopy(policy.model)
+    target = copy.deepcopy(policy._learn_agent.get_model("target"))
+    log_alpha = torch.zeros((), requires_grad=True)
+    opt_alpha = torch.optim.Adam([log_alpha], lr=3e-4)
+    opt_actor = torch.optim.Adam(model.actor.parameters(), lr=3e-4)
+    opt_critic = torch.optim.Adam(model.critic.parameters(), lr=3e-4)
+    data = batch(seed=4)
+    loc, scale = model.action_loc, model.action_scale
+
+    def sample(net, obs):
+        mu, log_std = net.actor.layers(obs).split(2, dim=-1)
+        log_std = log_std.clamp(-20, 2)
+        eps = torch.randn_like(mu)
+        u = mu + log_std.exp() * eps
+        log_prob = (-0.5 * eps**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        log_prob = log_prob - torch.log(scale * (1 - torch.tanh(u) ** 2)).sum(-1)
+        return loc + scale * torch.tanh(u), log_prob
+
+    torch.manual_seed(11)
+    policy.learn_mode.forward(data)
+    torch.manual_seed(11)
+    obs, next_obs = data["obs"], data["next_obs"]
+    action_pi, log_prob = sample(model, obs)
+    alpha = log_alpha.detach().exp()
+    opt_alpha.zero_grad()
+    (-(log_alpha * (log_prob.detach() - 2.0)).mean()).backward()  # target entropy -|A| = -2
+    opt_alpha.step()
+    with torch.no_grad():
+        next_action, next_log_prob = sample(model, next_obs)
+        next_q = _reference_critics(target, torch.cat([next_obs, next_action], -1)).min(0).values
+        not_done = 1.0 - data["terminated"].float()
+        soft_target = data["reward"][:, 0] + data["value_gamma"] * not_done * (next_q - alpha * next_log_prob)
+    q = _reference_critics(model, torch.cat([obs, data["action"]], -1))
+    opt_critic.zero_grad()
+    (0.5 * ((q - soft_target) ** 2).sum(0).mean()).backward()
+    opt_critic.step()
+    q_pi = _reference_critics(model, torch.cat([obs, action_pi], -1)).min(0).values
+    opt_actor.zero_grad()
+    (alpha * log_prob - q_pi).mean().backward()
+    opt_actor.step()
+    with torch.no_grad():
+        for t_param, param in zip(target.parameters(), model.parameters()):
+            t_param.lerp_(param, 0.5)
+
+    for got, want in zip(policy.model.parameters(), model.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for got, want in zip(policy._learn_agent.get_model("target").parameters(), target.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(policy._log_alpha.detach(), log_alpha.detach())
+    assert not torch.equal(policy._log_alpha.detach(), torch.zeros(()))  # the temperature did move
+
+
+def test_td3_learn_step_equals_a_plain_reference_update():
+    """One TD3 update (actor every step here) against plain ops: smoothed target action from the target actor,
+    clipped double-Q target, critic step, actor step through Q_1 of the updated critics, Polyak move."""
+    import copy
+
+    policy = make("td3", seed=5, learn={"actor_update_freq": 1, "target_theta": 0.5})
+    model = copy.deepcopy(policy.model)
+    target = copy.deepcopy(policy._learn_agent.get_model("target"))
+    opt_actor = torch.optim.Adam(model.actor.parameters(), lr=1e-3)
+    opt_critic = torch.optim.Adam(model.critic.parameters(), lr=1e-3)
+    data = batch(seed=6)
+    loc, scale = model.action_loc, model.action_scale
+    low, high = model.action_low, model.action_high
+
+    torch.manual_seed(12)
+    policy.learn_mode.forward(data)
+    torch.manual_seed(12)
+    obs, next_obs = data["obs"], data["next_obs"]
+    with torch.no_grad():
+        next_action = loc + scale * torch.tanh(target.actor.layers(next_obs))
+        noise = (torch.randn_like(next_action) * 0.2 * scale).clamp(-0.5 * scale, 0.5 * scale)
+        next_action = torch.max(torch.min(next_action + noise, high), low)
+        next_q = _reference_critics(target, torch.cat([next_obs, next_action], -1)).min(0).values
+        td_target = data["reward"][:, 0] + data["value_gamma"] * (1.0 - data["terminated"].float()) * next_q
+    q = _reference_critics(model, torch.cat([obs, data["action"]], -1))
+    opt_critic.zero_grad()
+    (0.5 * ((q - td_target) ** 2).sum(0).mean()).backward()
+    opt_critic.step()
+    action = loc + scale * torch.tanh(model.actor.layers(obs))
+    opt_actor.zero_grad()
+    (-_reference_critics(model, torch.cat([obs, action], -1), first=1)[0].mean()).backward()
+    opt_actor.step()
+    with torch.no_grad():
+        for t_param, param in zip(target.parameters(), model.parameters()):
+            t_param.lerp_(param, 0.5)
+
+    for got, want in zip(policy.model.parameters(), model.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for got, want in zip(policy._learn_agent.get_model("target").parameters(), target.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from nervex.torch_utils import CategoricalDist, GaussianDist, TanhGaussianDist
+from nervex.torch_utils import CategoricalDist, GaussianDist, TanhGaussianDist, squash_bounds
 
 
 def t(x, **kw):
@@ -224,3 +224,25 @@ def test_categorical_sample_frequencies_follow_the_probabilities_and_skip_masked
     assert counts[1] == 0  # never a masked action
     torch.testing.assert_close(counts, torch.tensor([0.1, 0.0, 0.6, 0.3], dtype=torch.float64), atol=0.004, rtol=0)
     assert sample.dtype == torch.int64 and sample.shape == (200_000,)
+
+
+def test_precomputed_bounds_and_log_sigma_give_the_same_samples_and_log_probs():
+    mu = torch.tensor([[0.3, -0.7], [1.2, 0.1]])
+    log_sigma = torch.tensor([[-0.2, 0.4], [0.0, -1.0]])
+    plain = TanhGaussianDist(mu, log_sigma.exp(), [-1.0, 0.0], [3.0, 2.0])
+    bounds = squash_bounds([-1.0, 0.0], [3.0, 2.0], 2)
+    lean = TanhGaussianDist(mu, log_sigma.exp(), bounds, log_sigma=log_sigma)
+    torch.manual_seed(3)
+    a1, lp1 = plain.rsample_with_log_prob()
+    torch.manual_seed(3)
+    a2, lp2 = lean.rsample_with_log_prob()
+    torch.testing.assert_close(a1, a2)
+    torch.testing.assert_close(lp1, lp2)
+    torch.testing.assert_close(bounds.loc, torch.tensor([1.0, 1.0]))
+    torch.testing.assert_close(bounds.log_scale_sum, torch.tensor(math.log(2.0 * 1.0)))
+    with pytest.raises(ValueError, match="need low < high"):
+        squash_bounds([1.0, 0.0], [0.0, 1.0], 2)
+    with pytest.raises(ValueError, match=r"low has shape \(3,\); expected a scalar or \(2,\)"):
+        squash_bounds([0.0, 0.0, 0.0], 1.0, 2)
+    with pytest.raises(ValueError, match="leave high None"):
+        TanhGaussianDist(mu, log_sigma.exp(), bounds, 1.0)

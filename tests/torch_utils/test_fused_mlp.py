@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from nervex.torch_utils import MLP, Adam, clip_grad_norm
-from nervex.torch_utils.fused_mlp import _MLPFunction, mlp_forward, tanh_
+from nervex.torch_utils.fused_mlp import _MLPFunction, batched_mlps_forward, mlp_forward, tanh_
 
 
 def reference(mlp: MLP, x: torch.Tensor) -> torch.Tensor:
@@ -157,3 +157,53 @@ def test_clip_grad_norm_equals_torch():
         torch.testing.assert_close(norm, ref)
         for t, u in zip(a, b):
             torch.testing.assert_close(t.grad, u.grad)
+
+
+# ---- N MLPs of one shape (QAC's critics) --------------------------------------------------------------------------
+def _stacked(num, sizes, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(num, a, b, generator=g, dtype=dtype, requires_grad=True) for a, b in zip(sizes, sizes[1:])]
+    biases = [torch.randn(num, 1, b, generator=g, dtype=dtype, requires_grad=True) for b in sizes[1:]]
+    return weights, biases
+
+
+def _plain_batched(x, weights, biases, act):
+    h = x.unsqueeze(0).expand(weights[0].shape[0], *x.shape) if x.dim() == 2 else x
+    for k, (w, b) in enumerate(zip(weights, biases)):
+        h = torch.baddbmm(b, h, w)
+        if k < len(weights) - 1:
+            h = torch.relu(h) if act == "relu" else torch.tanh(h) if act == "tanh" else h
+    return h
+
+
+@pytest.mark.parametrize("act", ["relu", "tanh", None])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared input", "one input per MLP"])
+@pytest.mark.parametrize("out", [1, 3], ids=["width-1 output (mv path)", "width-3 output"])
+def test_batched_mlps_equal_plain_ops_and_pass_gradcheck(act, shared, out):
+    weights, biases = _stacked(2, [5, 7, 6, out])
+    x = torch.randn(4, 5, dtype=torch.float64) if shared else torch.randn(2, 4, 5, dtype=torch.float64)
+    x.requires_grad_(True)
+    got = batched_mlps_forward(x, weights, biases, act)
+    want = _plain_batched(x, weights, biases, act)
+    torch.testing.assert_close(got, want)
+    grad = torch.randn_like(got)
+    inputs = [x, *weights, *biases]
+    for g_got, g_want in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(want, inputs, grad)):
+        torch.testing.assert_close(g_got, g_want)
+    assert torch.autograd.gradcheck(lambda x, *p: batched_mlps_forward(x, p[:3], p[3:], act), (x, *weights, *biases))
+
+
+def test_batched_mlps_without_param_grad_give_the_input_gradient_only():
+    weights, biases = _stacked(2, [5, 8, 1])
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    out = batched_mlps_forward(x, weights, biases, "relu", param_grad=False)
+    out.sum().backward()
+    assert all(p.grad is None for p in [*weights, *biases])
+    expected = torch.autograd.grad(_plain_batched(x, weights, biases, "relu").sum(), x)[0]
+    torch.testing.assert_close(x.grad, expected)
+    # nothing needs a gradient: no graph at all
+    assert not batched_mlps_forward(x.detach(), weights, biases, "relu", param_grad=False).requires_grad
+    with torch.no_grad():
+        torch.testing.assert_close(batched_mlps_forward(x, weights, biases, "relu"), out)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        batched_mlps_forward(x, weights, biases, "gelu")
