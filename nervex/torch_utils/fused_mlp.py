@@ -41,6 +41,15 @@ def _activate_(h: torch.Tensor, act: Optional[str]) -> torch.Tensor:
     return h
 
 
+def _activation_backward(g: torch.Tensor, h: torch.Tensor, act: Optional[str]) -> torch.Tensor:
+    """The gradient before an activation from the one after it and the activation's output ``h``."""
+    if act == "tanh":
+        return torch.ops.aten.tanh_backward(g, h)  # g * (1 - h^2)
+    if act == "relu":
+        return torch.ops.aten.threshold_backward(g, h, 0)
+    return g
+
+
 def _layers_forward(
     x: torch.Tensor, acts: Sequence[Optional[str]], weights: Sequence[torch.Tensor]
 ) -> List[torch.Tensor]:
@@ -64,11 +73,7 @@ def _layers_backward(
     """Gradients of one MLP from the gradient of its output: ``(grad of x or None, [gW1, gb1, ...])``."""
     weight_grads: List[Optional[torch.Tensor]] = [None] * len(weights)
     for i in reversed(range(len(acts))):
-        h = outputs[i + 1]
-        if acts[i] == "tanh":
-            g = torch.ops.aten.tanh_backward(g, h)  # g * (1 - h^2)
-        elif acts[i] == "relu":
-            g = torch.ops.aten.threshold_backward(g, h, 0)
+        g = _activation_backward(g, outputs[i + 1], acts[i])
         if needs[2 * i]:
             weight_grads[2 * i] = g.t().mm(outputs[i])
         if needs[2 * i + 1]:
@@ -275,14 +280,6 @@ class _BatchedMLPFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             x_grad = g.sum(0) if ctx.shared else g
         return (x_grad, None, None, None, *weight_grads, *bias_grads)
-
-
-def _activation_backward(g: torch.Tensor, h: torch.Tensor, act: Optional[str]) -> torch.Tensor:
-    if act == "tanh":
-        return torch.ops.aten.tanh_backward(g, h)
-    if act == "relu":
-        return torch.ops.aten.threshold_backward(g, h, 0)
-    return g
 
 
 def batched_mlps_forward(
