@@ -8,26 +8,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
-from torch.nn.modules.module import (
-    register_module_buffer_registration_hook,
-    register_module_module_registration_hook,
-    register_module_parameter_registration_hook,
-)
+
+from nervex.torch_utils.registration import registration_count
 
 UPDATE_KWARGS = {"assign": ("freq",), "momentum": ("theta",)}
-
-# Bumped whenever any module anywhere gains or replaces a parameter, buffer or submodule: the Polyak updater's cached
-# tensor lists stay valid while it is unchanged (see TargetUpdater._paired_values).
-_registrations = [0]
-
-
-def _note_registration(*_args: Any) -> None:
-    _registrations[0] += 1
-
-
-register_module_parameter_registration_hook(_note_registration)
-register_module_buffer_registration_hook(_note_registration)
-register_module_module_registration_hook(_note_registration)
 
 
 def _check_update_kwargs(update_type: str, update_kwargs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -124,7 +108,7 @@ class TargetUpdater:
         keep the same tensors: walking two module trees on every Polyak step costs more than the averaging itself
         for small nets. ``load_state_dict`` and ``.to()`` keep the tensor objects; registering or assigning a
         parameter, buffer or submodule on any module makes the next update walk the trees again."""
-        if self._pairs is None or self._pairs_key != _registrations[0]:
+        if self._pairs is None or self._pairs_key != registration_count():
             # parameters() / buffers() skip duplicates, so a tied weight is averaged once, not twice
             target_values = [*self.target.parameters(), *self.target.buffers()]
             main_values = [*self.main.parameters(), *self.main.buffers()]
@@ -135,5 +119,5 @@ class TargetUpdater:
             floats = [(t, m) for t, m in zip(target_values, main_values) if t.is_floating_point()]
             others = [(t, m) for t, m in zip(target_values, main_values) if not t.is_floating_point()]
             self._pairs = ([t for t, _ in floats], [m for _, m in floats], others)
-            self._pairs_key = _registrations[0]
+            self._pairs_key = registration_count()
         return self._pairs

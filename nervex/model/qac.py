@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Dict, Literal, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 
 from nervex.torch_utils import MLP, get_activation
 from nervex.torch_utils.fused_mlp import FUSED_ACTIVATIONS, batched_mlps_forward
+from nervex.torch_utils.registration import registration_count
 from nervex.utils import MODEL_REGISTRY
 
 from .discrete_net import _as_shape, _check_trailing_shape
@@ -60,6 +61,15 @@ class BatchedCritics(nn.Module):
             bound = 1.0 / math.sqrt(fan_in)
             self.weights.append(nn.Parameter(torch.empty(num, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(num, 1, fan_out).uniform_(-bound, bound)))
+        self._params_key = -1  # see _layer_params
+        self._params: Tuple[List[nn.Parameter], List[nn.Parameter]] = ([], [])
+
+    def _layer_params(self) -> Tuple[List[nn.Parameter], List[nn.Parameter]]:
+        """``(weights, biases)`` as lists, cached: iterating an ``nn.ParameterList`` costs ~10 us per call."""
+        if self._params_key != registration_count():
+            self._params = (list(self.weights), list(self.biases))
+            self._params_key = registration_count()
+        return self._params
 
     def forward(self, x: torch.Tensor, first: Optional[int] = None, param_grad: bool = True) -> torch.Tensor:
         """The critics' values; with ``first = k`` only the first ``k`` critics run (TD3's actor reads Q_1 alone:
@@ -73,7 +83,7 @@ class BatchedCritics(nn.Module):
                 f"BatchedCritics: input has shape {tuple(x.shape)}; expected (B, {self.in_dim}) or "
                 f"({num}, B, {self.in_dim})"
             )
-        weights, biases = list(self.weights), list(self.biases)
+        weights, biases = self._layer_params()
         if num < self.num:
             weights, biases = [w[:num] for w in weights], [b[:num] for b in biases]
         if self.activation_name in FUSED_ACTIVATIONS:
