@@ -266,8 +266,7 @@ class Adam(torch.optim.Adam):
             or _global_optimizer_post_hooks
         ):
             return self._hooked_step(closure)
-        with torch.no_grad():
-            return self._step(None)
+        return self._step(None)
 
     step.hooked = True  # type: ignore[attr-defined]  (torch's __init__ would wrap it again otherwise)
 
