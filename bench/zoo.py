@@ -1,7 +1,8 @@
 """nervex vs Stable-Baselines3 with rl-baselines3-zoo's hyperparameters, row by row (env x algorithm).
 
 nervex trains its shipped YAML config; SB3 trains with the zoo's settings for the same env, read at run time from the
-installed rl_zoo3 (see ``bench/zoo_sb3.py``). Both run in this process, interleaved (seed 0 nervex, seed 0 SB3,
+installed rl_zoo3 (see ``bench/zoo_sb3.py``), or, for an env the zoo has no entry for, with SB3's defaults and the
+few settings the row lists (``Row.sb3_settings``). Both run in this process, interleaved (seed 0 nervex, seed 0 SB3,
 seed 1 nervex, ...), and are evaluated greedily on ``--n-eval`` episodes every ``--eval-freq`` env steps (the same
 for both in a row). Per seed: env steps and training seconds (evaluation and set-up excluded) until the evaluation
 mean first reaches the row's threshold, and the evaluation curve. Each (row, library, seed) record is saved as JSON
@@ -55,7 +56,7 @@ NO_EVAL_FREQ = 10**12  # an eval_freq no run reaches: evaluation off
 
 @dataclass(frozen=True)
 class Row:
-    """One comparison: an env, nervex's config for it, and the zoo entry SB3 trains with.
+    """One comparison: an env, nervex's config for it, and the zoo entry (or SB3's defaults) SB3 trains with.
 
     Args:
         name: Row id, used in file names (``bench/results/zoo/{name}__{lib}__seed{seed}.json``, ``docs/zoo_{name}.png``).
@@ -64,12 +65,18 @@ class Row:
         threshold: Evaluation mean that counts as solved.
         budget: Env steps at most (nervex's, and SB3's unless ``sb3_budget``).
         sb3_algo: The zoo's algorithm name (``hyperparams/{sb3_algo}.yml``).
-        zoo_key: The zoo's entry (default ``env_id``).
+        zoo_key: The zoo's entry (default ``env_id``, unless ``sb3_settings``).
         sb3_budget: SB3's env steps at most, when it differs from ``budget``.
         eval_freq: Env steps between evaluations (both libraries).
         note: Shown under the table.
         throughput_overrides: nervex config overrides for ``--throughput``, so it runs the zoo's hyperparameters
             where the shipped config is tuned differently (the speed figure compares like with like).
+        sb3_settings: For an env the zoo has no entry for: SB3 trains with its defaults and these settings over
+            them, written as in a zoo entry (``{"noise_type": "normal", "noise_std": 0.1}``; ``{}``: SB3's defaults
+            only). None: the zoo's entry ``zoo_entry``.
+
+    Raises:
+        ValueError: both ``zoo_key`` and ``sb3_settings`` given.
     """
 
     name: str
@@ -83,10 +90,31 @@ class Row:
     eval_freq: int = 1000
     note: str = ""
     throughput_overrides: Tuple[str, ...] = ()
+    sb3_settings: Optional[Mapping[str, Any]] = None
+
+    def __post_init__(self) -> None:
+        if self.zoo_key is not None and self.sb3_settings is not None:
+            raise ValueError(f"row {self.name}: give zoo_key (a zoo entry) or sb3_settings (SB3's defaults), not both")
 
     @property
-    def zoo_entry(self) -> str:
+    def zoo_entry(self) -> Optional[str]:
+        """The zoo's entry SB3 trains with; None: SB3's defaults with ``sb3_settings``."""
+        if self.sb3_settings is not None:
+            return None
         return self.zoo_key or self.env_id
+
+    @property
+    def sb3_source(self) -> str:
+        """Where SB3's settings come from, for notes and titles."""
+        if self.zoo_entry is None:
+            return f"SB3 `{self.algo}` defaults"
+        return f"SB3 rl-zoo `{self.sb3_algo}.yml` entry `{self.zoo_entry}`"
+
+    def sb3_setup(self, learn_timesteps: int) -> Any:
+        """SB3's ``zoo_sb3.Sb3Setup`` for a run of ``learn_timesteps`` env steps."""
+        from zoo_sb3 import prepare
+
+        return prepare(self.sb3_algo, self.zoo_entry, learn_timesteps, self.sb3_settings)
 
     def budget_of(self, lib: str) -> int:
         return self.sb3_budget if lib == "sb3" and self.sb3_budget else self.budget
@@ -163,6 +191,32 @@ ROWS: Dict[str, Row] = {
             zoo_key="InvertedPendulum-v2",
             eval_freq=5000,
             note="the zoo has no InvertedPendulum-v5 entry: SB3 trains v5 with the zoo's InvertedPendulum-v2 settings",
+        ),
+        Row(
+            "inverted_pendulum_td3",
+            "InvertedPendulum-v5",
+            "app_zoo/mujoco/config/inverted_pendulum_td3.yaml",
+            950,
+            100_000,
+            "td3",
+            eval_freq=1000,
+            sb3_settings=dict(noise_type="normal", noise_std=0.1),
+            note="the zoo has no InvertedPendulum entry for TD3: SB3 trains with its defaults ([400, 300] nets, "
+            "learning rate 1e-3, batch 256, 100 random warm-up steps, one gradient step per env step) and Gaussian "
+            "action noise 0.1, as the zoo's MuJoCo TD3 entries (SB3's default is none)",
+        ),
+        Row(
+            "inverted_pendulum_sac",
+            "InvertedPendulum-v5",
+            "app_zoo/mujoco/config/inverted_pendulum_sac.yaml",
+            950,
+            100_000,
+            "sac",
+            eval_freq=1000,
+            sb3_settings={},
+            note="the zoo has no InvertedPendulum entry for SAC: SB3 trains with its defaults ([256, 256] nets, "
+            "learning rate 3e-4, batch 256, 100 random warm-up steps, one gradient step per env step, automatic "
+            "entropy tuning)",
         ),
     )
 }
@@ -295,14 +349,15 @@ def run_record(row: Row, lib: str, seed: int, opts: RunOptions) -> Dict[str, Any
     if lib == "nervex":
         out = run_nervex(row, seed, eval_freq, opts.n_eval, stop_at, on_eval)
     else:
-        from zoo_sb3 import prepare, run_sb3
+        from zoo_sb3 import run_sb3
 
-        setup = prepare(row.sb3_algo, row.zoo_entry, row.budget_of("sb3"))
+        setup = row.sb3_setup(row.budget_of("sb3"))
         out = run_sb3(setup, row.env_id, seed, row.budget_of("sb3"), eval_freq, opts.n_eval, stop_at, on_eval)
         out["config"] = dict(
-            zoo_file=f"rl_zoo3/hyperparams/{row.sb3_algo}.yml",
+            zoo_file=None if row.zoo_entry is None else f"rl_zoo3/hyperparams/{row.sb3_algo}.yml",
             zoo_key=row.zoo_entry,
             zoo_entry=setup.zoo_entry,
+            sb3_settings=None if row.sb3_settings is None else dict(row.sb3_settings),
             n_envs=setup.n_envs,
             normalize=setup.normalize,
             notes=setup.notes,
@@ -518,7 +573,8 @@ def plot_row(row: Row, libs: Mapping[str, Sequence[Mapping[str, Any]]], path: st
     ax.axhline(row.threshold, color="gray", linestyle="--", linewidth=1, label=f"threshold {row.threshold:g}")
     ax.set_xlabel("env steps")
     ax.set_ylabel(f"greedy evaluation mean return ({_n_eval(libs)} episodes)")
-    ax.set_title(f"{row.env_id}, {row.algo}: nervex vs SB3 (rl-zoo settings)")
+    peer = "rl-zoo settings" if row.zoo_entry is not None else "SB3 defaults"
+    ax.set_title(f"{row.env_id}, {row.algo}: nervex vs SB3 ({peer})")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     caption = "mean and 95% bootstrap CI over seeds"
@@ -555,7 +611,7 @@ def replace_marked_section(text: str, body: str, heading: str = HEADING, begin: 
 def row_notes(row: Row, libs: Mapping[str, Sequence[Mapping[str, Any]]]) -> List[str]:
     """What a reader needs to know about a row: settings, zoo interpretation, mixed settings among records."""
     all_recs = [r for recs in libs.values() for r in recs]
-    notes = [f"nervex config `{row.config}`; SB3 rl-zoo `{row.sb3_algo}.yml` entry `{row.zoo_entry}`"]
+    notes = [f"nervex config `{row.config}`; {row.sb3_source}"]
     for lib, recs in libs.items():
         budgets = sorted({r["budget"] for r in recs})
         notes.append(f"{LIB_NAMES[lib]} budget {', '.join(f'{b:,}' for b in budgets)} env steps")
@@ -596,7 +652,8 @@ def docs_body(
         "do not edit by hand).",
         f"Runs {period}; machine: {'; '.join(machines)}; {software}. Commands:",
         "nervex trains its shipped config, SB3 rl-baselines3-zoo's hyperparameters for the env, read from the installed "
-        "rl_zoo3 (`bench/zoo_sb3.py`), interleaved seed by seed in one process, single-threaded. Steps and training "
+        "rl_zoo3 (`bench/zoo_sb3.py`), or, where the zoo has no entry for the env, SB3's defaults with the settings "
+        "the row's notes list; interleaved seed by seed in one process, single-threaded. Steps and training "
         "seconds to the first greedy evaluation mean >= the threshold; evaluation and set-up time are not training "
         "time. Medians over seeds, a seed that did not reach the threshold counting as infinitely slow; ratios "
         "SB3 / nervex of the medians (> 1: nervex better; `>`/`<` bound the ratio when one side's median seed did not "
@@ -721,9 +778,9 @@ def throughput_nervex(row: Row, seed: int, steps: int) -> Tuple[float, Dict[str,
 
 def throughput(row: Row, steps: int, repeats: int, libs: Sequence[str]) -> None:
     """Interleaved repeats of both libraries' training speed; median env steps/s and the ratio nervex/SB3."""
-    from zoo_sb3 import prepare, throughput_sb3
+    from zoo_sb3 import throughput_sb3
 
-    setup = prepare(row.sb3_algo, row.zoo_entry, steps)
+    setup = row.sb3_setup(steps)
     rates: Dict[str, List[float]] = {lib: [] for lib in libs}
     keys: Dict[str, Dict[str, Any]] = {}
     for rep in range(repeats):
@@ -741,7 +798,7 @@ def throughput(row: Row, steps: int, repeats: int, libs: Sequence[str]) -> None:
         print(f"  nervex / SB3: {statistics.median(rates['nervex']) / statistics.median(rates['sb3']):.2f}x")
     print("\nkey hyperparameters (check they match for a like-for-like figure):")
     for lib in libs:
-        print(f"  {LIB_NAMES[lib]} ({row.config if lib == 'nervex' else f'rl-zoo {row.sb3_algo}/{row.zoo_entry}'}):")
+        print(f"  {LIB_NAMES[lib]} ({row.config if lib == 'nervex' else row.sb3_source.replace('`', '')}):")
         for k, v in keys[lib].items():
             print(f"    {k}: {v}")
     if row.throughput_overrides:

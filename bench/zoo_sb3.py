@@ -1,7 +1,9 @@
 """The Stable-Baselines3 side of ``bench/zoo.py``: rl-baselines3-zoo's hyperparameters, read at run time.
 
 The zoo's yml files are read from the installed ``rl_zoo3`` package, so the peer runs with literally the zoo's
-settings, and the model is built here the way the zoo's ``ExperimentManager`` builds it:
+settings. For an env the zoo has no entry for, a row gives its own settings in the zoo's format instead (``prepare``
+with ``zoo_key=None``): SB3's defaults for everything not listed. Either way the model is built here the way the
+zoo's ``ExperimentManager`` builds it:
 
 - ``n_envs`` -> a ``DummyVecEnv`` of that many envs (``make_vec_env``, Monitor-wrapped, env ``i`` seeded
   ``seed + i``);
@@ -26,7 +28,7 @@ import importlib.util
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf", "delta_std")
 STRING_KWARGS = ("policy_kwargs", "replay_buffer_kwargs")
@@ -141,10 +143,10 @@ def normalize_kwargs(setting: Any, gamma: Optional[float]) -> Optional[Dict[str,
 
 @dataclass
 class Sb3Setup:
-    """What ``build_model`` needs, derived from one zoo entry (``describe`` lists it for the record)."""
+    """What ``build_model`` needs, derived from one zoo entry or a row's own settings (``zoo_key`` None)."""
 
     algo: str
-    zoo_key: str
+    zoo_key: Optional[str]
     zoo_entry: Dict[str, Any]
     n_envs: int
     n_timesteps: int
@@ -154,20 +156,52 @@ class Sb3Setup:
     notes: List[str] = field(default_factory=list)
 
 
-def prepare(algo: str, zoo_key: str, learn_timesteps: int) -> Sb3Setup:
-    """Turn the zoo's entry into constructor arguments for a run of ``learn_timesteps`` env steps.
+def defaults_entry(settings: Mapping[str, Any], learn_timesteps: int) -> Dict[str, Any]:
+    """A zoo-format entry for SB3's defaults with ``settings`` over them, for a run of ``learn_timesteps``.
 
     Raises:
+        ValueError: ``settings`` sets ``n_timesteps`` (the run's budget is the row's) or ``policy`` (MlpPolicy).
+    """
+    for key in ("n_timesteps", "policy"):
+        if key in settings:
+            raise ValueError(f"SB3 settings set '{key}': the row's budget is the run length and the policy MlpPolicy")
+    return dict(policy="MlpPolicy", n_timesteps=learn_timesteps, **settings)
+
+
+def prepare(
+    algo: str, zoo_key: Optional[str], learn_timesteps: int, settings: Optional[Mapping[str, Any]] = None
+) -> Sb3Setup:
+    """Turn the zoo's entry into constructor arguments for a run of ``learn_timesteps`` env steps.
+
+    Args:
+        algo: The zoo's algorithm name (``td3``: ``hyperparams/td3.yml``, ``stable_baselines3.TD3``).
+        zoo_key: The zoo's entry; None: no zoo entry, SB3's defaults with ``settings`` over them.
+        learn_timesteps: The run's budget in env steps.
+        settings: With ``zoo_key`` None, the settings that differ from SB3's defaults, written as in a zoo entry
+            (``learning_starts: 1000``, ``noise_type: normal``, ``noise_std: 0.1``).
+
+    Raises:
+        ValueError: ``settings`` given together with a ``zoo_key`` (one source of settings).
         NotImplementedError: the entry needs frame stacking or a wrapper (not needed by the rows so far).
     """
-    entry = read_zoo_hyperparams(algo, zoo_key)
+    if zoo_key is not None and settings is not None:
+        raise ValueError(f"SB3 settings for {algo}: give a zoo entry ('{zoo_key}') or settings, not both")
+    if zoo_key is None:
+        entry = defaults_entry(settings or {}, learn_timesteps)
+        source = f"SB3 {algo.upper()} defaults"
+    else:
+        entry = read_zoo_hyperparams(algo, zoo_key)
+        source = f"rl-zoo {algo}/{zoo_key}"
     params = dict(entry)
     for key in UNSUPPORTED_KEYS:
         if key in params:
-            raise NotImplementedError(f"rl-zoo {algo}/{zoo_key} sets '{key}', which bench/zoo_sb3.py does not build")
+            raise NotImplementedError(f"{source} sets '{key}', which bench/zoo_sb3.py does not build")
     n_timesteps = int(float(params.pop("n_timesteps")))
     stretch = learn_timesteps / n_timesteps
     notes = []
+    if zoo_key is None:
+        listed = ", ".join(f"{k} {v}" for k, v in (settings or {}).items())
+        notes.append(f"SB3 trains with its {algo.upper()} defaults" + (f" except {listed}" if listed else ""))
     if learn_timesteps != n_timesteps:
         notes.append(f"zoo n_timesteps {n_timesteps:,}, run budget {learn_timesteps:,}")
     for key in SCHEDULE_KEYS:
@@ -254,9 +288,10 @@ def key_hyperparams(model: Any) -> Dict[str, Any]:
         "target_update_interval",
         "learning_starts",
         "buffer_size",
+        "action_noise",
     )
     out = {name: getattr(model, name) for name in names if hasattr(model, name)}
-    out["net_arch"] = model.policy_kwargs.get("net_arch", "SB3 default")
+    out["net_arch"] = model.policy_kwargs.get("net_arch", f"SB3 default {model.policy.net_arch}")
     # plain values only (a record is JSON): schedules and SB3's TrainFreq as their repr
     return {k: v if isinstance(v, (bool, int, float, str, list)) else repr(v) for k, v in out.items()}
 

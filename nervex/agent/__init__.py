@@ -1,6 +1,14 @@
 """Agent: wraps a model with a target copy and plugins (sampling, exploration noise, grad mode, recurrent state)."""
 
 from .agent import Agent, set_train_mode
+from .colored_noise import (
+    AR1Noise,
+    ColoredGaussianSamplePlugin,
+    NoiseProcess,
+    PinkNoise,
+    make_noise_process,
+    powerlaw_noise,
+)
 from .noise import GaussianNoisePlugin, OUNoisePlugin
 from .plugins import (
     PLUGIN_REGISTRY,
@@ -29,6 +37,12 @@ __all__ = [
     "GaussianSamplePlugin",
     "GaussianNoisePlugin",
     "OUNoisePlugin",
+    "ColoredGaussianSamplePlugin",
+    "NoiseProcess",
+    "AR1Noise",
+    "PinkNoise",
+    "make_noise_process",
+    "powerlaw_noise",
     "register_plugin",
     "create_plugin",
     "TargetUpdater",

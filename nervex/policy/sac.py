@@ -11,7 +11,7 @@ import torch
 
 from nervex.config import Field, merge_defaults
 from nervex.rl_utils import Adder, critic_loss, sac_actor_loss, sac_alpha_loss, sac_critic_target
-from nervex.torch_utils import TanhGaussianDist
+from nervex.torch_utils import TanhGaussianDist, squash_bounds
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
@@ -40,6 +40,11 @@ class SACPolicy(CommonPolicy):
             (on ``log_alpha``); false keeps it fixed at ``learn.alpha``.
         learn.alpha: the initial (or fixed) temperature.
         learn.target_entropy: the entropy the temperature steers toward; null: ``-action_dim``.
+        collect.noise: where collect's standard-normal draws ``eps`` in ``squash(mu + sigma * eps)`` come from:
+            ``type`` white (i.i.d., the default), ar1 (``rho``: lag-1 autocorrelation) or pink (``beta``: spectral
+            exponent, ``seq_len``: steps per generated sequence); one process per env, restarted at its episode's
+            end (see ``nervex.agent.colored_noise``). Each draw is still N(0, 1), so the policy's distribution is
+            unchanged; correlated draws explore sparse-reward tasks that need sustained pushes (MountainCar).
 
     Actions are sampled from the actor's tanh-squashed Gaussian in the env's bounds when collecting (with the
     reparameterization trick when learning) and are its squashed mean when evaluating. The model is ``qac`` with
@@ -57,7 +62,16 @@ class SACPolicy(CommonPolicy):
                 auto_alpha=True,
                 alpha=Field(1.0, gt=0),
                 target_entropy=Field(None, kind="number"),
-            )
+            ),
+            # the standard-normal draws of collect's samples: white (i.i.d.), or temporally correlated per env
+            collect=dict(
+                noise=dict(
+                    type=Field("white", choices=("white", "ar1", "pink")),
+                    rho=Field(0.9, ge=0, lt=1),  # ar1 only
+                    beta=Field(1.0, ge=0, le=4),  # pink only
+                    seq_len=Field(1000, ge=2),  # pink only
+                )
+            ),
         ),
     )
 
@@ -72,7 +86,7 @@ class SACPolicy(CommonPolicy):
 
     def _dist(self, output: Mapping[str, torch.Tensor]) -> TanhGaussianDist:
         return TanhGaussianDist(
-            output["mu"], output["sigma"], self._model.action_low, self._model.action_high, validate_args=False
+            output["mu"], output["sigma"], self._bounds, validate_args=False, log_sigma=output.get("log_sigma")
         )
 
     # ---- learn -----------------------------------------------------------------------------------------------
@@ -89,6 +103,8 @@ class SACPolicy(CommonPolicy):
             self._alpha_optimizer = make_adam([self._log_alpha], learn.learning_rate, 0.0)
         self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
         self._learn_agent = polyak_agent(self._model, learn.target_theta)
+        model = self._model
+        self._bounds = squash_bounds(model.action_low, model.action_high, model.action_dim, device=self._device)
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
         agent = self._learn_agent
@@ -99,10 +115,6 @@ class SACPolicy(CommonPolicy):
         action_pi, log_prob = self._dist(agent.forward(obs, mode="compute_actor")).rsample_with_log_prob()
         alpha = self._log_alpha.detach().exp()  # this step's losses use the temperature from before its update
         figures = dict(alpha=alpha, entropy=-log_prob.mean())
-        if self._auto_alpha:
-            loss_alpha = sac_alpha_loss(self._log_alpha, log_prob, self._target_entropy)
-            step(self._alpha_optimizer, loss_alpha)
-            figures["alpha_loss"] = loss_alpha
         # critics: regress every Q(s, a) on the soft value of a' ~ pi(.|s') under the smaller target critic
         with torch.no_grad():
             next_dist = self._dist(agent.forward(next_obs, mode="compute_actor"))
@@ -113,11 +125,23 @@ class SACPolicy(CommonPolicy):
             )
         q = agent.forward({"obs": obs, "action": data["action"].float()}, mode="compute_critic")["q"]
         loss_critic, td_error = critic_loss(q, target, weight)
-        step(self._critic_optimizer, loss_critic)
+        self._critic_optimizer.zero_grad()
+        if self._auto_alpha:
+            # the temperature's loss shares the critics' backward call (separate graphs); its step waits until after
+            # the actor's, which changes nothing: this update's losses read the temperature from before it
+            loss_alpha = sac_alpha_loss(self._log_alpha, log_prob, self._target_entropy)
+            self._alpha_optimizer.zero_grad()
+            (loss_critic + loss_alpha).backward()
+            figures["alpha_loss"] = loss_alpha
+        else:
+            loss_critic.backward()
+        self._critic_optimizer.step()
         # actor: maximize min_i Q_i(s, a) + alpha * entropy through the reparameterized action
-        q_pi = agent.forward({"obs": obs, "action": action_pi}, mode="compute_critic")["q"]
+        q_pi = agent.forward({"obs": obs, "action": action_pi}, mode="compute_critic", param_grad=False)["q"]
         loss_actor = sac_actor_loss(q_pi, log_prob, alpha, weight)
         step(self._actor_optimizer, loss_actor, self._actor_params)
+        if self._auto_alpha:
+            self._alpha_optimizer.step()
         agent.target_update()
         info: Dict[str, Any] = host_figures(**figures, critic_loss=loss_critic, actor_loss=loss_actor, q_value=q.mean())
         info.update(
@@ -143,11 +167,18 @@ class SACPolicy(CommonPolicy):
         self._traj_len = int(self._cfg.collect.traj_len) + self._nstep - 1
         self._adder = Adder(self._use_cuda, unroll_len=1)
         bounds = dict(low=self._model.action_low, high=self._model.action_high)
-        self._collect_agent = inference_agent(self._model, "gaussian_sample", squash=True, **bounds)
+        noise = dict(self._cfg.collect.noise)
+        self._collect_agent = inference_agent(
+            self._model, "colored_gaussian_sample", noise=noise.pop("type"), **noise, **bounds
+        )
 
     def _forward_collect(self, data_id: List[int], data: Any) -> Output:
         self._collect_agent.mode(train=False)
-        return {"action": self._collect_agent.forward(data, mode="compute_actor")["action"]}
+        output = self._collect_agent.forward(data, mode="compute_actor", state_id=data_id)
+        return {"action": output["action"]}
+
+    def _reset_collect(self, data_id: Optional[List[int]] = None) -> None:
+        self._collect_agent.reset(data_id)
 
     def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
         return nstep_train_sample(self._adder, traj_cache, self._traj_len, self._nstep, self._gamma)

@@ -110,12 +110,71 @@ def test_prepare_rejects_what_it_does_not_build():
 
 
 @needs_zoo
-def test_every_row_has_a_zoo_entry():
+def test_every_row_has_a_zoo_entry_or_sb3_settings():
     for row in zoo.ROWS.values():
-        assert zoo_sb3.read_zoo_hyperparams(row.sb3_algo, row.zoo_entry)["policy"] == "MlpPolicy", row.name
+        if row.sb3_settings is None:
+            assert zoo_sb3.read_zoo_hyperparams(row.sb3_algo, row.zoo_entry)["policy"] == "MlpPolicy", row.name
     assert zoo.ROWS["inverted_pendulum_ppo"].zoo_entry == "InvertedPendulum-v2"
+    # the zoo has no InvertedPendulum entry for TD3 or SAC: those rows train SB3's defaults
+    for name in ("inverted_pendulum_td3", "inverted_pendulum_sac"):
+        assert zoo.ROWS[name].zoo_entry is None
+        with pytest.raises(KeyError):
+            zoo_sb3.read_zoo_hyperparams(zoo.ROWS[name].sb3_algo, zoo.ROWS[name].env_id)
     assert zoo.ROWS["cartpole_a2c"].budget_of("sb3") == 500_000
     assert zoo.ROWS["cartpole_a2c"].budget_of("nervex") == 100_000
+
+
+# ---- rows without a zoo entry: SB3's defaults with stated settings ---------------------------------------------------
+def test_sb3_settings_row_has_no_zoo_entry_and_excludes_zoo_key():
+    row = zoo.Row("x_td3", "Pendulum-v1", "x.yaml", -200, 10_000, "td3", sb3_settings={"learning_starts": 1000})
+    assert row.zoo_entry is None and row.sb3_source == "SB3 `TD3` defaults"
+    assert zoo.Row("x_td3", "Pendulum-v1", "x.yaml", -200, 10_000, "td3").zoo_entry == "Pendulum-v1"
+    with pytest.raises(ValueError, match="not both"):
+        zoo.Row("x", "Pendulum-v1", "x.yaml", -200, 10_000, "td3", zoo_key="Pendulum-v1", sb3_settings={})
+
+
+def test_prepare_sb3_defaults_takes_only_the_stated_settings():
+    setup = zoo_sb3.prepare("td3", None, 50_000, {"noise_type": "normal", "noise_std": 0.1, "learning_starts": 1000})
+    assert setup.zoo_key is None and setup.n_timesteps == 50_000 and setup.n_envs == 1 and setup.normalize is None
+    assert setup.model_kwargs == {
+        "policy": "MlpPolicy",
+        "noise_type": "normal",
+        "noise_std": 0.1,
+        "learning_starts": 1000,
+    }
+    assert setup.notes == [
+        "SB3 trains with its TD3 defaults except noise_type normal, noise_std 0.1, learning_starts 1000"
+    ]
+    assert zoo_sb3.prepare("sac", None, 50_000, {}).notes == ["SB3 trains with its SAC defaults"]
+
+
+def test_prepare_sb3_defaults_rejects_a_second_source_and_run_length_keys():
+    with pytest.raises(ValueError, match="not both"):
+        zoo_sb3.prepare("td3", "Pendulum-v1", 20_000, {"learning_starts": 1000})
+    with pytest.raises(ValueError, match="n_timesteps"):
+        zoo_sb3.prepare("td3", None, 20_000, {"n_timesteps": 5000})
+
+
+@needs_sb3
+@pytest.mark.parametrize(
+    "name, net_arch, learning_rate, sigma",
+    [("inverted_pendulum_td3", [400, 300], 1e-3, 0.1), ("inverted_pendulum_sac", [256, 256], 3e-4, None)],
+)
+def test_sb3_defaults_rows_build_sb3_defaults(name, net_arch, learning_rate, sigma):
+    # Pendulum-v1 (same one-dimensional action as InvertedPendulum) so the test needs no MuJoCo
+    model = zoo_sb3.build_model(zoo.ROWS[name].sb3_setup(100_000), "Pendulum-v1", seed=0)
+    try:
+        assert type(model).__name__ == zoo.ROWS[name].algo
+        assert model.policy.net_arch == net_arch
+        assert model.learning_rate == learning_rate
+        assert (model.learning_starts, model.batch_size, model.gradient_steps) == (100, 256, 1)
+        if sigma is None:
+            assert model.action_noise is None
+        else:
+            np.testing.assert_allclose(model.action_noise._sigma, [sigma])
+        assert zoo_sb3.key_hyperparams(model)["net_arch"] == f"SB3 default {net_arch}"
+    finally:
+        model.get_env().close()
 
 
 # ---- medians, ratios, table -----------------------------------------------------------------------------------------
