@@ -179,7 +179,8 @@ ROWS: Dict[str, Row] = {
             50_000,
             "sac",
             eval_freq=5000,
-            note="the zoo's SAC entry uses gSDE (SB3 runs it), nervex samples its squashed Gaussian",
+            note="the zoo's SAC entry uses gSDE (SB3 runs it); nervex has none and draws its squashed Gaussian's noise "
+            "from an AR(1) process per env (collect.noise ar1, rho 0.95) instead",
         ),
         Row(
             "inverted_pendulum_ppo",

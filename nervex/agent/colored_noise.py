@@ -192,8 +192,8 @@ def make_noise_process(noise: str = "white", rho: float = 0.9, beta: float = 1.0
 
 class ColoredGaussianSamplePlugin(AgentPlugin):
     """Samples a tanh-squashed Gaussian action ``squash(mu + sigma * eps)`` into ``[low, high]`` with ``eps`` from
-    one noise process per env (see the module docstring); ``noise='white'`` draws exactly what ``gaussian_sample``
-    with ``squash=True`` draws under the same seed.
+    one noise process per env (see the module docstring); ``noise='white'`` makes the same draws as
+    ``gaussian_sample`` with ``squash=True`` under the same seed (its actions equal to rounding).
 
     ``forward(data, state_id=[...])``: row ``k`` of the batch is env ``state_id[k]`` (ids ``0 .. B-1`` when None).
     ``reset(state_id)`` restarts the listed envs' processes (all when None), e.g. at an episode's end. Unlike
