@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from nervex.torch_utils.distribution import TanhGaussianDist
+from nervex.torch_utils.distribution import SquashBounds, TanhGaussianDist, squash_bounds
 
 from .plugins import AgentPlugin, ForwardFn, register_plugin
 
@@ -227,9 +227,12 @@ class ColoredGaussianSamplePlugin(AgentPlugin):
         mu_key: str = "mu",
         sigma_key: str = "sigma",
     ) -> None:
+        if (low is None) != (high is None):
+            raise ValueError(f"{self.name}: give both low and high (the action bounds), or neither")
         self.process = make_noise_process(noise, rho, beta, seq_len)
         self.low, self.high = low, high
         self.mu_key, self.sigma_key = mu_key, sigma_key
+        self._bounds: Optional[SquashBounds] = None  # made at the first call, when the action's size is known
 
     def __call__(
         self, forward: ForwardFn, data: Any, state_id: Optional[Iterable[int]] = None, **kwargs: Any
@@ -246,9 +249,17 @@ class ColoredGaussianSamplePlugin(AgentPlugin):
             eps = self.process.sample(ids, mu.shape[-1]).to(mu)
             # the squashed mean of N(mu + sigma * eps, .) is the squashed sample itself: the squash and the bounds'
             # clamp stay TanhGaussianDist's
-            action = TanhGaussianDist(mu + sigma * eps, sigma, self.low, self.high, validate_args=False).mode()
+            action = TanhGaussianDist(torch.addcmul(mu, sigma, eps), sigma, self._squash_bounds(mu)).mode()
         output["action"] = action
         return output
+
+    def _squash_bounds(self, mu: torch.Tensor) -> Optional[SquashBounds]:
+        if self.low is None:
+            return None
+        bounds = self._bounds
+        if bounds is None or bounds.low.shape[0] != mu.shape[-1] or bounds.low.device != mu.device:
+            bounds = self._bounds = squash_bounds(self.low, self.high, mu.shape[-1], mu.dtype, mu.device)
+        return bounds
 
     def reset(self, state_id: Optional[Iterable[int]] = None) -> None:
         self.process.reset(state_id)
