@@ -81,6 +81,86 @@ class ScaleObs(gym.ObservationWrapper):
         return np.asarray(observation, dtype=np.float32) * self._scale
 
 
+@ENV_WRAPPER_REGISTRY.register("mask_observation")
+class MaskObservation(gym.ObservationWrapper):
+    """Zero the observation entries at ``indices`` (positions in the flattened observation), e.g. velocities.
+
+    Hiding part of the state makes an MDP partially observable, the test bed of recurrent agents (R2D2, DRQN).
+    The observation space keeps its shape and dtype; its bounds are widened to include 0 where they did not.
+    """
+
+    def __init__(self, env: gym.Env, indices: Sequence[int]) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Box):
+            raise TypeError(f"mask_observation needs a Box observation space, got {space}")
+        if isinstance(indices, (str, bytes)) or not hasattr(indices, "__len__") or len(indices) == 0:
+            raise TypeError(f"mask_observation: indices must be a non-empty list of ints, got {indices!r}")
+        size = int(np.prod(space.shape))
+        for i in indices:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < size:
+                raise ValueError(
+                    f"mask_observation: index {i!r} is not a position in the flattened observation of shape "
+                    f"{space.shape} (0 <= index < {size})"
+                )
+        self._indices = np.array(sorted(set(int(i) for i in indices)), dtype=np.intp)
+        low, high = space.low.copy(), space.high.copy()
+        np.put(low, self._indices, np.minimum(low.flat[self._indices], 0))
+        np.put(high, self._indices, np.maximum(high.flat[self._indices], 0))
+        self.observation_space = gym.spaces.Box(low, high, shape=space.shape, dtype=space.dtype)
+
+    @property
+    def indices(self) -> Tuple[int, ...]:
+        """The masked positions, sorted."""
+        return tuple(int(i) for i in self._indices)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        # a copy: the inner env may keep (and later update) the array it returned
+        masked = np.asarray(observation).copy()
+        (masked if masked.ndim == 1 else masked.reshape(-1))[self._indices] = 0  # a C-order copy: reshape is a view
+        return masked
+
+
+# Velocity entries of the classic Gymnasium tasks, as rl-baselines3-zoo's MaskVelocityWrapper hides them.
+VELOCITY_INDICES: Dict[str, Tuple[int, ...]] = {
+    "CartPole-v0": (1, 3),  # cart velocity, pole angular velocity
+    "CartPole-v1": (1, 3),
+    "MountainCar-v0": (1,),
+    "MountainCarContinuous-v0": (1,),
+    "Pendulum-v1": (2,),  # angular velocity
+    "Acrobot-v1": (4, 5),  # the two joints' angular velocities
+    "LunarLander-v3": (2, 3, 5),  # x and y velocity, angular velocity
+    "LunarLanderContinuous-v3": (2, 3, 5),
+}
+
+
+def velocity_indices(env_id: str) -> Tuple[int, ...]:
+    """The observation positions of ``env_id``'s velocities (see :data:`VELOCITY_INDICES`).
+
+    Raises:
+        KeyError: ``env_id`` is not in the table; the message names the ids that are and ``mask_observation``.
+    """
+    if env_id not in VELOCITY_INDICES:
+        raise KeyError(
+            f"no velocity indices are known for '{env_id}' (known: {', '.join(VELOCITY_INDICES)}); use the "
+            "'mask_observation' wrapper with the indices instead, e.g. {'type': 'mask_observation', 'indices': [1, 3]}"
+        )
+    return VELOCITY_INDICES[env_id]
+
+
+@ENV_WRAPPER_REGISTRY.register("mask_velocity")
+def mask_velocity(env: gym.Env) -> gym.Env:
+    """Zero the velocities of a classic task (rl-baselines3-zoo's ``*NoVel`` envs, e.g. ``CartPoleNoVel-v1``).
+
+    Raises:
+        KeyError: the env's id has no entry in :data:`VELOCITY_INDICES`.
+    """
+    spec = env.unwrapped.spec
+    if spec is None:
+        raise KeyError("mask_velocity needs an env built by gymnasium.make (its spec names the task)")
+    return MaskObservation(env, velocity_indices(spec.id))
+
+
 ENV_WRAPPER_REGISTRY.register("flatten_obs", gym.wrappers.FlattenObservation)
 ENV_WRAPPER_REGISTRY.register("clip_action", gym.wrappers.ClipAction)
 

@@ -7,7 +7,8 @@ import torch.nn as nn
 from nervex.utils import MODEL_REGISTRY
 
 from .discrete_net import ConvDiscreteNet, FCDiscreteNet
-from .head import DiscreteHead
+from .head import C51_N_ATOM, C51_V_MAX, C51_V_MIN, DiscreteHead, DistributionalHead
+from .noisy import NoisyLinear, factorized_noise
 from .qac import QAC, BatchedCritics
 from .value_ac import ConvValueAC, ValueAC
 
@@ -32,6 +33,12 @@ __all__ = [
     "FCDiscreteNet",
     "ConvDiscreteNet",
     "DiscreteHead",
+    "DistributionalHead",
+    "NoisyLinear",
+    "factorized_noise",
+    "C51_V_MIN",
+    "C51_V_MAX",
+    "C51_N_ATOM",
     "ValueAC",
     "ConvValueAC",
     "QAC",

@@ -38,6 +38,8 @@ from .td import (
     value_inv_transform,
     value_transform,
 )
+from .upgo import upgo_loss, upgo_returns
+from .vtrace import vtrace_advantages, vtrace_data, vtrace_error, vtrace_loss, vtrace_nstep_return
 
 __all__ = [
     "Adder",
@@ -79,4 +81,11 @@ __all__ = [
     "sac_critic_target",
     "target_policy_smoothing",
     "td3_critic_target",
+    "upgo_loss",
+    "upgo_returns",
+    "vtrace_advantages",
+    "vtrace_data",
+    "vtrace_error",
+    "vtrace_loss",
+    "vtrace_nstep_return",
 ]

@@ -351,8 +351,8 @@ def generalized_lambda_returns(
             f"{tuple(rewards.shape)}; expected bootstrap_values (T + 1, B) = ({rewards.shape[0] + 1}, ...) for "
             f"rewards (T, B)"
         )
-    gammas = torch.as_tensor(gammas, dtype=rewards.dtype).expand_as(rewards)
-    lambda_ = torch.as_tensor(lambda_, dtype=rewards.dtype).expand_as(rewards)
+    gammas = torch.as_tensor(gammas, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
+    lambda_ = torch.as_tensor(lambda_, dtype=rewards.dtype, device=rewards.device).expand_as(rewards)
     next_values = bootstrap_values[1:]
     returns = torch.empty_like(rewards)
     returns[-1] = rewards[-1] + gammas[-1] * next_values[-1]

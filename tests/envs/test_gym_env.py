@@ -10,6 +10,7 @@ import pytest
 
 from nervex.envs import BaseEnvTimestep, GymEnv, UnknownEnvIdError, create_env, get_env_cls
 from nervex.envs.check_env import check_env
+from nervex.envs.wrappers import MaskObservation
 from nervex.utils import ENV_REGISTRY
 
 REWARDS = [3.0, -0.5, -2.0, 0.25]
@@ -275,3 +276,77 @@ def test_action_wrappers_map_to_the_raw_action(wrappers, action, raw_action):
         env.reset()
     np.testing.assert_array_equal(wrapped.step(np.array(action)).obs, raw.step(np.array(raw_action)).obs)
     assert wrapped.info().act_space.shape == (1,)
+
+
+class PositiveBoxEnv(gym.Env):
+    """Observations [1, 2, 3, 4] in a Box of [1, 5]: masking must widen the bounds to hold the zero."""
+
+    observation_space = gym.spaces.Box(1.0, 5.0, (2, 2), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.obs = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+        return self.obs, {}
+
+    def step(self, action):
+        return self.obs, 0.0, False, False, {}
+
+
+def test_mask_observation_zeroes_flat_positions_and_keeps_the_space_shape():
+    env = MaskObservation(PositiveBoxEnv(), indices=[3, 0])
+    obs, _ = env.reset()
+    assert obs.tolist() == [[0.0, 2.0], [3.0, 0.0]] and env.indices == (0, 3)
+    assert env.unwrapped.obs.tolist() == [[1.0, 2.0], [3.0, 4.0]]  # the inner env's array is not written into
+    space = env.observation_space
+    assert (space.shape, space.dtype) == ((2, 2), np.float32)
+    assert (space.low.tolist(), space.high.tolist()) == ([[0.0, 1.0], [1.0, 0.0]], [[5.0, 5.0], [5.0, 5.0]])
+    assert space.contains(obs) and space.contains(env.step(0)[0])
+
+
+def test_mask_observation_by_config_on_float64_observations():
+    env = GymEnv({"env_id": "NervexTest/RewardSequence-v0", "wrappers": [{"type": "mask_observation", "indices": [1]}]})
+    assert env.reset().tolist() == [0.0, 0.0]
+    assert [env.step(0).obs.tolist() for _ in range(2)] == [[1.0, 0.0], [2.0, 0.0]]
+    assert env.info().obs_space.shape == (2,)
+
+
+@pytest.mark.parametrize(
+    "indices, error, match",
+    [
+        pytest.param([], TypeError, "non-empty list of ints", id="empty"),
+        pytest.param(1, TypeError, "non-empty list of ints", id="bare_int"),
+        pytest.param([4], ValueError, r"index 4 is not a position .* shape \(2, 2\) \(0 <= index < 4\)", id="range"),
+        pytest.param([-1], ValueError, "index -1 is not a position", id="negative"),
+        pytest.param([1.0], ValueError, "index 1.0 is not a position", id="float"),
+    ],
+)
+def test_mask_observation_rejects_bad_indices(indices, error, match):
+    with pytest.raises(error, match=match):
+        MaskObservation(PositiveBoxEnv(), indices=indices)
+
+
+def test_mask_observation_needs_its_indices_in_the_config():
+    with pytest.raises(TypeError, match="missing a required argument: 'indices'"):
+        GymEnv({"env_id": "CartPole-v1", "wrappers": ["mask_observation"]})
+
+
+@pytest.mark.parametrize("env_id, velocities", [("CartPole-v1", [1, 3]), ("Pendulum-v1", [2]), ("Acrobot-v1", [4, 5])])
+def test_mask_velocity_zeroes_the_velocities_of_classic_tasks(env_id, velocities):
+    masked, raw = GymEnv({"env_id": env_id, "wrappers": ["mask_velocity"]}), GymEnv({"env_id": env_id})
+    masked.seed(0), raw.seed(0)
+    obs, ref = masked.reset(), raw.reset()
+    action = raw.info().act_space.sample()
+    for _ in range(3):
+        kept = [i for i in range(ref.size) if i not in velocities]
+        assert (obs[velocities] == 0).all() and (ref[velocities] != 0).any()
+        np.testing.assert_array_equal(obs[kept], ref[kept])
+        obs, ref = masked.step(action).obs, raw.step(action).obs
+
+
+def test_mask_velocity_unknown_task():
+    env = GymEnv({"env_id": "NervexTest/RewardSequence-v0", "wrappers": ["mask_velocity"]})
+    with pytest.raises(
+        KeyError, match="no velocity indices are known for 'NervexTest/RewardSequence-v0'.*mask_observation"
+    ):
+        env.reset()

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from nervex.model import ConvDiscreteNet, FCDiscreteNet, create_model
+from nervex.model import ConvDiscreteNet, DiscreteHead, DistributionalHead, FCDiscreteNet, NoisyLinear, create_model
 from nervex.utils import MODEL_REGISTRY
 
 
@@ -80,3 +80,45 @@ def test_registry_and_create_model():
     assert isinstance(model, FCDiscreteNet) and model(torch.zeros(1, 3))["logit"].shape == (1, 2)
     with pytest.raises(KeyError, match="did you mean 'fc_discrete_net'"):
         create_model("fc_discrete", obs_dim=3, action_dim=2)
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+def test_fc_discrete_net_rainbow_switches(dueling):
+    torch.manual_seed(0)
+    model = FCDiscreteNet(4, 3, hidden_sizes=[16], dueling=dueling, distributional=True, noisy=True, n_atom=11)
+    assert isinstance(model.head, DistributionalHead) and model.head.dueling == dueling
+    assert all(isinstance(m, NoisyLinear) for m in model.head.children())
+    x = torch.randn(7, 5, 4)  # leading (time, batch) dims are kept
+    out = model(x)
+    assert out["logit"].shape == (7, 5, 3) and out["distribution"].shape == (7, 5, 3, 11)
+    torch.testing.assert_close(out["logit"], (out["distribution"] * model.head.support).sum(-1))
+    assert not torch.allclose(out["logit"], model(x)["logit"])  # noisy in training mode
+    model.eval()
+    assert model(x)["logit"].equal(model(x)["logit"])
+
+
+def test_fc_discrete_net_defaults_unchanged_and_atoms_need_distributional():
+    model = FCDiscreteNet(4, 2, hidden_sizes=[8])
+    assert type(model.head) is DiscreteHead and isinstance(model.head.q_head, nn.Linear)
+    assert not any(isinstance(m, NoisyLinear) for m in model.modules())
+    assert set(model(torch.zeros(1, 4))) == {"logit"}
+    with pytest.raises(ValueError, match="only apply to the distributional head; set distributional=True"):
+        FCDiscreteNet(4, 2, n_atom=21)
+    noisy = FCDiscreteNet(4, 2, hidden_sizes=[8], noisy=True)  # NoisyNet-DQN: noisy head, Q-values only
+    assert set(noisy(torch.zeros(1, 4))) == {"logit"} and isinstance(noisy.head.q_head, NoisyLinear)
+
+
+def test_conv_discrete_net_distributional():
+    torch.manual_seed(0)
+    model = ConvDiscreteNet((1, 36, 36), 4, hidden_size=32, dueling=True, distributional=True, noisy=True, n_atom=5)
+    out = model(torch.randint(0, 256, (3, 1, 36, 36), dtype=torch.uint8))
+    assert out["logit"].shape == (3, 4) and out["distribution"].shape == (3, 4, 5)
+    torch.testing.assert_close(out["distribution"].sum(-1), torch.ones(3, 4))
+
+
+def test_create_model_with_rainbow_keys():
+    model = create_model(
+        "fc_discrete_net", obs_dim=4, action_dim=2, dueling=True, distributional=True, noisy=True,
+        n_atom=21, v_min=-5.0, v_max=5.0,
+    )  # fmt: skip
+    assert (model.head.n_atom, model.head.v_min, model.head.v_max) == (21, -5.0, 5.0)

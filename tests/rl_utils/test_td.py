@@ -204,6 +204,11 @@ class TestLambdaReturns:
         returns = generalized_lambda_returns(t(self.VALUES), t(self.REWARDS), gammas, lambda_)
         torch.testing.assert_close(returns, t(expected)[:, None])
 
+    def test_float_gamma_and_lambda_follow_the_tensors_device(self):
+        # meta tensors refuse any mix with a CPU tensor: a float turned into a CPU tensor would raise here
+        values, rewards = torch.zeros(4, 2, device="meta"), torch.zeros(3, 2, device="meta")
+        assert generalized_lambda_returns(values, rewards, 0.9, 0.8).device.type == "meta"
+
     def test_shape_mismatch(self):
         with pytest.raises(ValueError, match=r"bootstrap_values has shape \(3, 1\).*\(T \+ 1, B\) = \(4"):
             generalized_lambda_returns(t(self.VALUES[:3]), t(self.REWARDS), 0.9, 0.8)
