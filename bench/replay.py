@@ -144,10 +144,10 @@ class Nervex:
             i = [0]
 
             def step():
-                buf.sample(batch)
+                drawn = buf.sample(batch)
                 if self.prioritized:
                     i[0] += 1
-                    buf.update(prios[i[0] % len(prios)])
+                    buf.update(prios[i[0] % len(prios)], unique_id=drawn["unique_id"])
 
             return step
 
@@ -308,7 +308,7 @@ class SB3:
 
 
 def load_libraries() -> Dict[str, object]:
-    from nervex.data.tree_kernels import numba_available
+    from nervex.data.tree import numba_available
 
     libs: Dict[str, object] = {}
     if numba_available():

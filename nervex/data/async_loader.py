@@ -29,8 +29,7 @@ class AsyncDataLoader:
 
     Sources:
         * a replay buffer: the thread calls ``buffer.sample(batch_size, learner_iter_fn())`` forever (waiting while
-          the buffer cannot give a batch). ``buffer.update(priority)`` without ids then refers to the last batch this
-          loader *delivered*, not the last one the thread drew;
+          the buffer cannot give a batch);
         * an iterable (a ``DataLoader``, a list, a generator): its batches, then ``StopIteration``;
         * a callable returning a batch, or ``None`` when none is ready yet.
 
@@ -54,7 +53,7 @@ class AsyncDataLoader:
         >>> with AsyncDataLoader(buffer, batch_size=64, learner_iter_fn=lambda: learner.last_iter) as loader:
         ...     for batch in loader:
         ...         info = learner.train(batch)
-        ...         buffer.update(info['priority'])   # refers to this batch
+        ...         buffer.update(info['priority'], unique_id=batch['unique_id'])
     """
 
     def __init__(
@@ -69,7 +68,6 @@ class AsyncDataLoader:
     ) -> None:
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
-        self._buffer = source if isinstance(source, BaseBuffer) else None
         produce = _producer(source, batch_size, learner_iter_fn, poll_interval)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
@@ -108,8 +106,6 @@ class AsyncDataLoader:
             self._finished = True
             raise item.error
         self.delivered += 1
-        if self._buffer is not None:
-            self._buffer._remember(item)
         return item
 
     def close(self, timeout: float = 5.0) -> None:
@@ -147,7 +143,7 @@ def _producer(
         if batch_size is None or batch_size < 1:
             raise ValueError(f"AsyncDataLoader over a replay buffer needs batch_size >= 1, got {batch_size}")
         iter_fn = learner_iter_fn or (lambda: 0)
-        return lambda: source._sample(batch_size, iter_fn(), poll, remember=False)
+        return lambda: source.sample(batch_size, iter_fn(), poll)
     if hasattr(source, "__iter__"):
         iterator = iter(source)
         return lambda: next(iterator, _End())

@@ -1,7 +1,7 @@
 """Replay buffers: ``PrioritizedBuffer`` (proportional prioritized replay) and ``ReplayBuffer`` (uniform).
 
-Both keep samples in a ``ColumnStorage`` (one preallocated array per field) used as a ring of ``maxlen`` slots and
-return batches as dicts of torch tensors; the shared implementation is ``replay_core.BaseBuffer``.
+Both are ``replay_core.BaseBuffer`` (samples in a ``ColumnStorage`` used as a ring of ``maxlen`` slots, priorities in a
+``PriorityTree``), configured: they declare the arguments and config keys, and return batches as dicts of tensors.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class PrioritizedBuffer(BaseBuffer):
         >>> batch = buffer.sample(4)
         >>> batch['obs'].shape, batch['weight'].dtype
         (torch.Size([4, 4]), torch.float32)
-        >>> buffer.update(np.array([0.5, 1.0, 2.0, 0.1]))
+        >>> buffer.update(np.array([0.5, 1.0, 2.0, 0.1]), unique_id=batch['unique_id'])
     """
 
     def __init__(

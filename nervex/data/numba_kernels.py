@@ -1,14 +1,15 @@
-"""The compiled (numba) kernels of the replay trees: the binary ``SumTree``/``MinTree`` and the 8-ary ``KaryTree``.
+"""The compiled backend of ``tree.PriorityTree``: numba kernels over its flat 8-ary sum and min arrays.
 
-Imported only through ``tree_kernels`` (``kernels()``) and ``kary_tree.kary_kernels()``, which fall back to the NumPy
-code when numba is missing. Every kernel is a module-level function with ``cache=True``: numba compiles each once per
-installation and stores the machine code next to this file (or in ``NUMBA_CACHE_DIR``), so a new process loads them
-in milliseconds instead of compiling for ~1 s. (Kernels built inside a factory would be closures over each other,
-whose cache keys change in every process: a cache that never hits and grows.)
+``numpy_kernels`` holds the same functions with the same signatures and the same floating-point operations in the
+same order, vectorized per level; it is the fallback without numba and the oracle the tests compare these against.
+Imported only through ``tree.tree_backend``. Every kernel is a module-level function with ``cache=True``: numba
+compiles each once per installation and stores the machine code next to this file (or in ``NUMBA_CACHE_DIR``), so a
+new process loads them in milliseconds instead of compiling for ~1 s. (Kernels built inside a factory would be closures
+over each other, whose cache keys change in every process: a cache that never hits and grows.)
 
 The kernels are written for memory, not arithmetic: on a 1M-leaf tree a batch costs mostly cache misses, so searches
 go level by level across the batch (independent loads overlap), comparisons are branch-free (the direction is a coin
-flip), and ``kary_draw`` touches the min-tree lines that the following priority update will write.
+flip), and ``draw`` touches the min-tree lines that the following priority update will write.
 """
 
 import numba
@@ -16,73 +17,12 @@ import numpy as np
 
 _jit = numba.njit(nogil=True, cache=True)
 
-# children per node of the compiled KaryTree: 8 float64 fill one 64-byte cache line. A module constant (not an
-# argument) so the scans over siblings are unrolled; other arities use KaryTree's NumPy backend.
+# children per node: 8 float64 fill one 64-byte cache line. A module constant (not an argument) so the scans over
+# siblings are unrolled.
 A = 8
 
 
-# ---- binary trees (tree.SumTree / tree.MinTree) ------------------------------------------------------------------
-
-
-@_jit
-def binary_find(flat, offsets, depth, prefix, below_total, values, out):  # pragma: no cover - compiled
-    n = values.size
-    residual = np.empty(n)
-    for i in range(n):
-        v = min(values[i], below_total)
-        # branch-free binary search for the last j with prefix[j] <= v (prefix[0] = 0 <= v)
-        j = 0
-        size = prefix.size
-        while size > 1:
-            half = size >> 1
-            j += half * (prefix[j + half] <= v)
-            size -= half
-        residual[i] = v - prefix[j]
-        out[i] = j
-    # level by level (not sample by sample): the loads of one level are independent, so their cache misses
-    # overlap instead of forming one long chain per sample (several times faster on a 1M-leaf tree)
-    for k in range(depth - 1, -1, -1):
-        base = offsets[k]
-        for i in range(n):
-            j = 2 * out[i]
-            left = flat[base + j]
-            # branch-free: the direction is a coin flip per sample, so a branch would mispredict half the time
-            right = residual[i] >= left
-            residual[i] -= left * right
-            out[i] = j + right
-
-
-@_jit
-def binary_sum_update(flat, offsets, depth, index, values):  # pragma: no cover - compiled
-    # sequential, so a repeated index simply ends with its last value
-    for i in range(index.size):
-        j = index[i]
-        delta = values[i] - flat[j]
-        flat[j] = values[i]
-        for k in range(1, depth + 1):
-            j >>= 1
-            flat[offsets[k] + j] += delta
-
-
-@_jit
-def _binary_min_set(flat, offsets, depth, j, value):  # pragma: no cover - compiled
-    flat[j] = value
-    for k in range(1, depth + 1):
-        child = offsets[k - 1] + (j & ~1)
-        m = min(flat[child], flat[child + 1])
-        j >>= 1
-        if flat[offsets[k] + j] == m:
-            break  # this node, hence every ancestor, is unchanged
-        flat[offsets[k] + j] = m
-
-
-@_jit
-def binary_min_update(flat, offsets, depth, index, values):  # pragma: no cover - compiled
-    for i in range(index.size):
-        _binary_min_set(flat, offsets, depth, index[i], values[i])
-
-
-# ---- 8-ary sum + min tree (kary_tree.KaryTree) and the prioritized buffer's fused draw / priority update ----------
+# ---- search and update ---------------------------------------------------------------------------------------
 @numba.njit(nogil=True, inline="always", cache=True)
 def _step8(flat, first, r):  # pragma: no cover - compiled
     # which of the 8 siblings at flat[first:first + 8] holds the running sum r, and r minus what precedes it.
@@ -118,7 +58,7 @@ def _step8(flat, first, r):  # pragma: no cover - compiled
 
 
 @_jit
-def kary_find(flat, offsets, sizes, depth, values, out):  # pragma: no cover - compiled
+def find(flat, offsets, sizes, depth, values, out):  # pragma: no cover - compiled
     n = values.size
     residual = values.copy()
     # the small top levels (all of them with at most 256 nodes): one branch-free binary search per sample in the
@@ -172,7 +112,7 @@ def kary_find(flat, offsets, sizes, depth, values, out):  # pragma: no cover - c
 
 
 @_jit
-def kary_update(sflat, mflat, offsets, depth, index, svalues, mvalues):  # pragma: no cover - compiled
+def update(sflat, mflat, offsets, depth, index, svalues, mvalues):  # pragma: no cover - compiled
     # load the lines the walk below needs first (leaves and level 1 of both trees miss the cache): their misses
     # then overlap instead of stalling one sample at a time
     touch = 0.0
@@ -229,7 +169,7 @@ def uniform(state):  # pragma: no cover - compiled
 
 @numba.njit(nogil=True, cache=True)
 def uniforms(state, n):  # pragma: no cover - compiled
-    """``n`` numbers of ``uniform`` (for tests)."""
+    """``n`` numbers of ``uniform``."""
     out = np.empty(n)
     for i in range(n):
         out[i] = uniform(state)
@@ -249,8 +189,17 @@ def leaf_value(priority, alpha):  # pragma: no cover - compiled
     return priority**alpha
 
 
+@numba.njit(nogil=True, cache=True)
+def leaf_values(priority, alpha):  # pragma: no cover - compiled
+    """``leaf_value`` of each priority."""
+    out = np.empty(priority.size)
+    for i in range(priority.size):
+        out[i] = leaf_value(priority[i], alpha)
+    return out
+
+
 @_jit
-def kary_draw(
+def draw(
     sflat, mflat, offsets, sizes, depth, rng, alpha, beta, uid_store, use, index, weight, uid, src, record, table, block
 ):  # pragma: no cover - compiled
     # the buffer's whole draw: stratified values (one in each of n equal slices of the total, uniform numbers from the
@@ -271,7 +220,7 @@ def kary_draw(
     width = total / n
     for i in range(n):
         values[i] = min((i + uniform(rng)) * width, below_total)
-    touch = kary_find(sflat, offsets, sizes, depth, values, index)
+    touch = find(sflat, offsets, sizes, depth, values, index)
     scale = 1.0 / leaf_value(m, alpha)  # the min leaf, computed as the update computed it
     # float32 pow (the weights are float32) costs half a float64 pow; the sample with the minimum priority still
     # gets exactly 1 (leaf * scale is within an ulp of 1 in float64, so exactly 1 in float32)
@@ -342,8 +291,9 @@ def _copy_words(src, dst, stride, first, count, out, index):  # pragma: no cover
 
 
 @_jit
-def kary_update_priorities(index, uid, p, uid_store, eps, alpha, sflat, mflat, offsets, depth):
+def update_priorities(uid, p, first_uid, uid_store, eps, alpha, sflat, mflat, offsets, depth):
     # pragma: no cover - compiled
+    # the sample with unique id u lives in slot (u - first_uid) % slots while it is stored (the buffer's ring)
     for i in range(p.size):
         if not (p[i] >= 0.0 and p[i] < np.inf):
             return -1, i, 0.0
@@ -353,7 +303,7 @@ def kary_update_priorities(index, uid, p, uid_store, eps, alpha, sflat, mflat, o
     kept = 0
     p_max = 0.0
     for i in range(p.size):
-        j = index[i]
+        j = (uid[i] - first_uid) % uid_store.size
         if uid_store[j] != uid[i]:
             continue  # overwritten or evicted since it was drawn
         q = max(p[i], eps)
@@ -362,5 +312,5 @@ def kary_update_priorities(index, uid, p, uid_store, eps, alpha, sflat, mflat, o
         leaf[kept] = leaf_value(q, alpha)
         raw[kept] = q  # the min tree holds raw priorities
         kept += 1
-    kary_update(sflat, mflat, offsets, depth, keep[:kept], leaf[:kept], raw[:kept])
+    update(sflat, mflat, offsets, depth, keep[:kept], leaf[:kept], raw[:kept])
     return 0, p.size - kept, p_max

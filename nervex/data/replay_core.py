@@ -1,15 +1,16 @@
-"""``BaseBuffer``: the implementation shared by ``PrioritizedBuffer`` and ``ReplayBuffer`` (see ``buffer.py``).
+"""``BaseBuffer``: the replay buffer that ``PrioritizedBuffer`` and ``ReplayBuffer`` configure (see ``buffer.py``).
 
-Both keep samples in a ``ColumnStorage`` (one preallocated array per field) used as a ring of ``maxlen`` slots:
-the ``k``-th sample ever stored gets ``unique_id = k`` and lives in slot ``k % maxlen`` until it is overwritten or
-evicted. Priorities live in a sum tree (sampling) and a min tree (importance-weight normalization): with numba, one
-``KaryTree`` (8-ary, both trees over the same leaves) seen through ``SumTree``/``MinTree``-like views; with NumPy
-only, the binary ``SumTree`` and ``MinTree``, whose vectorized code is faster there.
+Samples live in a ``ColumnStorage`` (one preallocated array per field) used as a ring of ``maxlen`` slots: the
+``k``-th sample ever stored gets ``unique_id = k`` and lives in slot ``k % maxlen`` (shifted by ``clear`` and ``load``)
+until it is overwritten or evicted. Priorities live in a ``PriorityTree`` (its sums for sampling, its minimum for the
+importance weights); a uniform buffer has a tree only once evictions can leave holes in the ring. The buffer owns the
+storage, the tree and the per-slot bookkeeping (unique id, use count, insert iteration), and is the only writer of all.
 
 Sampling returns a dict of torch tensors: every sample field stacked on dim 0 (nested dicts kept nested), plus
 ``weight`` (importance-sampling weights, ``float32``), ``index`` (slots) and ``unique_id`` (both ``int64``). It
 returns ``None`` when fewer than ``batch_size`` samples are stored or when the ``samples_per_insert`` rate limit
-would be exceeded (``timeout`` makes it wait for the writer instead).
+would be exceeded (``timeout`` makes it wait for the writer instead). Priority updates name samples by unique id, so
+an update for a sample overwritten or evicted since it was drawn is skipped.
 
 Threads: one writer (``append``/``extend``) and one reader (``sample``/``update``) may run at the same time; one lock
 guards the bookkeeping, and conversion, compression and decompression happen outside it.
@@ -20,31 +21,47 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from .draw import Draws
-from .kary_tree import KaryMinView, KarySumView, KaryTree
+from .persist import read_replay_file, write_replay_file
 from .storage import ColumnStorage
-from .tree import MinTree, SumTree
-from .tree_kernels import default_backend
+from .tree import PriorityTree
 
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
 Batch = Dict[str, Any]
+# saved with the contents (persist.py); the names are the file's keys
+_COUNTERS = (
+    "n_pushed",
+    "base",
+    "stale_from",
+    "n_valid",
+    "n_sampled",
+    "n_sample_calls",
+    "max_priority",
+    "evicted_use",
+    "evicted_stale",
+    "ignored_updates",
+    "last_insert_iter",
+    "learner_iter",
+)
 
 
 def _to_numpy(x: Any, dtype: type) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        try:
+            x = x.numpy()
+        except (RuntimeError, TypeError):  # a tensor on a GPU, or one that requires grad
+            x = x.detach().cpu().numpy()
     if type(x) is np.ndarray and x.dtype == dtype and x.ndim == 1 and x.flags.c_contiguous:
         return x
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
     return np.ascontiguousarray(np.asarray(x, dtype=dtype).reshape(-1))
 
 
-class BaseBuffer(Draws):
-    """Shared implementation of the two buffers (use ``PrioritizedBuffer`` or ``ReplayBuffer``)."""
+class BaseBuffer:
+    """The replay buffer (use ``PrioritizedBuffer`` or ``ReplayBuffer``, which document the arguments)."""
 
     config: Dict[str, Any] = {}
 
@@ -75,49 +92,30 @@ class BaseBuffer(Draws):
         self._uid = np.full(self.maxlen, -1, dtype=np.int64)  # -1: empty or evicted
         self._use = np.zeros(self.maxlen, dtype=np.int64)
         self._insert_iter = np.zeros(self.maxlen, dtype=np.int64)
-        # uniform sampling needs a tree only once evictions leave holes in the ring
-        needs_tree = self.prioritized or self.max_use is not None or self.max_staleness is not None
-        # the min tree's leaves are the raw priorities (inf: empty); min leaf of the sum tree = min priority ** alpha
-        self._tree: Optional[KaryTree] = None
-        if needs_tree and default_backend() == "numba":
-            # 8 children per node fill one cache line: ~7 levels per search at 1M slots instead of ~20 (kary_tree);
-            # compiled, this is ~1.5x faster per sample+update than the binary trees at 1M slots
-            self._tree = KaryTree(self.maxlen, backend="numba")
-            self._sum_tree = KarySumView(self._tree, self._flush)
-            self._min_tree = KaryMinView(self._tree) if self.prioritized else None
-        else:
-            # vectorized NumPy is ~3x faster on the binary trees (fewer, larger calls per level; see tree.py)
-            self._sum_tree = SumTree(self.maxlen, backend="numpy") if needs_tree else None
-            self._min_tree = MinTree(self.maxlen, backend="numpy") if self.prioritized else None
-        # compiled sample/update paths; the NumPy paths below do the same work in vectorized calls
-        self._kernels = self._tree._kernels if self.prioritized and self._tree is not None else None
         self._cond = threading.Condition(threading.Lock())
         self._rng = np.random.default_rng(seed)
-        # the compiled draw's own generator (splitmix64), seeded from the buffer's, so a seeded buffer stays
-        # reproducible
-        self._kernel_rng = self._rng.integers(0, 2**63, size=1, dtype=np.int64).astype(np.uint64)
+        self._tree: Optional[PriorityTree] = None
+        if self.prioritized or self.max_use is not None or self.max_staleness is not None:
+            # the tree's draws have their own generator, seeded from the buffer's so a seeded buffer repeats itself
+            tree_seed = int(self._rng.integers(0, 2**63))
+            self._tree = PriorityTree(self.maxlen, self.alpha if self.prioritized else 1.0, tree_seed)
         self._n_pushed = 0  # unique ids handed out so far; never reset, so ids stay unique across clear()/load()
         self._reset()
 
     def _reset(self) -> None:
         self._base = self._n_pushed  # unique id that goes to slot 0
-        self._pending_from = self._stale_from = self._n_pushed
+        self._stale_from = self._n_pushed
         self._n_valid = self._n_sampled = self._n_sample_calls = 0
         self._max_priority = 1.0
-        self._max_leaf_of = (1.0, 1.0)  # (max priority, its leaf) for the compiled path
-        self._overwritten_min = np.inf  # smallest priority overwritten since the last flush (for the min tree)
         self._evicted_use = self._evicted_stale = self._ignored_updates = 0
         self._last_insert_iter = self._learner_iter = 0
-        self._last_index: Optional[np.ndarray] = None
-        self._last_uid: Optional[np.ndarray] = None
         self._waiting = 0
         self._stats_time, self._stats_pushed, self._stats_sampled = time.monotonic(), self._n_pushed, 0
         self._uid.fill(-1)
         self._use.fill(0)
         self._insert_iter.fill(0)
-        for tree in (self._sum_tree, self._min_tree):
-            if tree is not None:
-                tree.clear()
+        if self._tree is not None:
+            self._tree.clear()
 
     # ---- writing ---------------------------------------------------------------------------------------------
     def append(self, sample: Mapping[str, Any], learner_iter: int = 0) -> None:
@@ -142,11 +140,8 @@ class BaseBuffer(Draws):
             self._uid[slot] = self._n_pushed
             self._use[slot] = 0
             self._insert_iter[slot] = learner_iter
-            if self._sum_tree is not None:
-                self._sum_tree.leaves[slot] = self._max_leaf()  # propagated lazily, see _flush
-            if self._min_tree is not None:
-                self._overwritten_min = min(self._overwritten_min, self._min_tree.leaves[slot])
-                self._min_tree.leaves[slot] = self._max_priority
+            if self._tree is not None:
+                self._tree.fill(slot, slot + 1, self._max_priority)
             self._n_pushed += 1
             self._n_valid += 1
             if self._waiting:
@@ -192,32 +187,17 @@ class BaseBuffer(Draws):
                 slot = (uid - self._base) % self.maxlen
                 k = min(n - pos, self.maxlen - slot)
                 self._storage.write_rows(slot, values, pos, pos + k)
-                self._mark_written(slot, uid, k, learner_iter)
+                rows = slice(slot, slot + k)
+                self._n_valid += k - int(np.count_nonzero(self._uid[rows] >= 0))
+                self._uid[rows] = np.arange(uid, uid + k)
+                self._use[rows] = 0
+                self._insert_iter[rows] = learner_iter
+                if self._tree is not None:
+                    self._tree.fill(slot, slot + k, self._max_priority)
                 pos += k
             self._n_pushed += n
             if self._waiting:
                 self._cond.notify_all()
-
-    def _mark_written(self, slot: int, first_uid: int, k: int, learner_iter: int) -> None:
-        rows = slice(slot, slot + k)
-        self._n_valid += k - int(np.count_nonzero(self._uid[rows] >= 0))
-        self._uid[rows] = np.arange(first_uid, first_uid + k)
-        self._use[rows] = 0
-        self._insert_iter[rows] = learner_iter
-        if self._sum_tree is not None:
-            self._sum_tree.leaves[rows] = self._max_leaf()
-        if self._min_tree is not None:
-            self._overwritten_min = min(self._overwritten_min, self._min_tree.leaves[rows].min())
-            self._min_tree.leaves[rows] = self._max_priority
-
-    def _max_leaf(self) -> float:
-        if not self.prioritized:
-            return 1.0
-        if self._kernels is None:
-            return self._max_priority**self.alpha
-        if self._max_leaf_of[0] != self._max_priority:  # the kernels' own leaf function (float32 pow), cached
-            self._max_leaf_of = (self._max_priority, float(self._kernels.leaf_value(self._max_priority, self.alpha)))
-        return self._max_leaf_of[1]
 
     def _check_learner_iter(self, learner_iter: int) -> None:
         if self.max_staleness is not None and learner_iter < self._last_insert_iter:
@@ -227,25 +207,6 @@ class BaseBuffer(Draws):
             )
         self._last_insert_iter = learner_iter
         self._learner_iter = max(self._learner_iter, learner_iter)
-
-    def _flush(self) -> None:
-        """Propagate the leaves written since the last flush into the trees (batched: one pass per call)."""
-        if self._pending_from == self._n_pushed:
-            return
-        start = max(self._pending_from, self._n_pushed - self.maxlen)
-        self._pending_from = self._n_pushed
-        n = self._n_pushed - start
-        if n <= 0 or self._sum_tree is None:
-            return
-        slot = (start - self._base) % self.maxlen
-        ranges = [(slot, min(slot + n, self.maxlen))]
-        if slot + n > self.maxlen:
-            ranges.append((0, slot + n - self.maxlen))
-        for lo, hi in ranges:
-            self._sum_tree.refresh(lo, hi)
-            if self._min_tree is not None:
-                self._min_tree.refresh(lo, hi, self._overwritten_min)
-        self._overwritten_min = np.inf
 
     # ---- sampling --------------------------------------------------------------------------------------------
     def sample(self, batch_size: int, learner_iter: int = 0, timeout: float = 0.0) -> Optional[Batch]:
@@ -264,26 +225,30 @@ class BaseBuffer(Draws):
         Shapes:
             every field: ``(B, *field_shape)``; ``weight``, ``index``, ``unique_id``: ``(B,)``.
         """
-        return self._sample(batch_size, learner_iter, timeout, remember=True)
-
-    def _sample(self, batch_size: int, learner_iter: int, timeout: float, remember: bool) -> Optional[Batch]:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         with self._cond:
             if not self._wait_until_ready(batch_size, learner_iter, timeout):
                 return None
-            index, weight, uid, packed = self._draw(batch_size)
+            filled = min(self._n_pushed - self._base, self.maxlen)
+            if self._tree is None or (not self.prioritized and self._n_valid == filled):
+                index = self._rng.integers(0, filled, batch_size)
+                np.add.at(self._use, index, 1)
+                weight, uid, block = np.ones(batch_size, dtype=np.float32), self._uid.take(index), None
+            else:
+                beta = self.current_beta() if self.prioritized else 0.0
+                index, weight, uid, block = self._tree.draw(
+                    batch_size, beta, self._uid, self._use, self._storage.packed_plan
+                )
             self._n_sampled += batch_size
             self._n_sample_calls += 1
             if self.max_use is not None:
                 self._evict_used(index)
-            if remember:
-                self._last_index, self._last_uid = index, uid
             rows = None
-            if packed is not None and self._storage.direct:
-                batch = self._storage.tensors_from_block(batch_size, packed)  # cheap views: fine under the lock
+            if block is not None and self._storage.direct:
+                batch = self._storage.tensors_from_block(batch_size, block)  # cheap views: fine under the lock
             else:
-                rows = self._storage.gather(index, packed)
+                rows = self._storage.gather(index, block)
         if rows is not None:
             batch = self._storage.to_tensors(rows)  # decompression, if any, outside the lock
         batch["weight"] = torch.from_numpy(weight)
@@ -294,7 +259,6 @@ class BaseBuffer(Draws):
     def _wait_until_ready(self, batch_size: int, learner_iter: int, timeout: float) -> bool:
         deadline = None
         while True:
-            self._flush()
             self._learner_iter = max(self._learner_iter, learner_iter)
             if self.max_staleness is not None:
                 self._evict_stale(learner_iter)
@@ -319,14 +283,18 @@ class BaseBuffer(Draws):
             return True
         return self._n_sampled + batch_size <= self.samples_per_insert * (self._n_pushed - self._base)
 
+    def current_beta(self) -> float:
+        """Importance-sampling exponent now: ``beta`` annealed linearly to 1 over ``beta_anneal_steps`` samples."""
+        if self.beta_anneal_steps <= 0:
+            return self.beta
+        progress = min(1.0, self._n_sample_calls / self.beta_anneal_steps)
+        return self.beta + (1.0 - self.beta) * progress
+
     # ---- eviction --------------------------------------------------------------------------------------------
     def _evict(self, slots: np.ndarray) -> None:
         self._uid[slots] = -1
         self._n_valid -= slots.size
-        if self._sum_tree is not None:
-            self._sum_tree.update(slots, 0.0, unique=True)
-        if self._min_tree is not None:
-            self._min_tree.update(slots, np.inf, unique=True)
+        self._tree.remove(slots)
 
     def _evict_used(self, index: np.ndarray) -> None:
         used = self._use.take(index) >= self.max_use
@@ -353,89 +321,46 @@ class BaseBuffer(Draws):
         self._stale_from = hi
 
     # ---- priorities ------------------------------------------------------------------------------------------
-    def update(
-        self, priority: ArrayLike, index: Optional[ArrayLike] = None, unique_id: Optional[ArrayLike] = None
-    ) -> None:
-        """Set new priorities (a no-op for uniform sampling, after validating the input).
+    def update(self, priority: ArrayLike, unique_id: ArrayLike) -> None:
+        """Set new priorities of the samples of a batch (a no-op for uniform sampling, after validating the input).
 
         Args:
             priority: New priorities (e.g. ``|td error|``), floored at ``eps``.
-            index: Slots of the samples; without overwrite detection, so prefer ``unique_id``.
-            unique_id: Unique ids of the samples (``batch['unique_id']``). A sample that was overwritten or evicted
-                since it was drawn is skipped (counted in ``buffer/ignored_updates``).
-            Without ``index`` and ``unique_id`` the update refers to the last batch ``sample`` returned (or, with an
-            ``AsyncDataLoader``, the last batch it delivered).
+            unique_id: The samples' unique ids (``batch['unique_id']``). A sample overwritten or evicted since it was
+                drawn is skipped (counted in ``buffer/ignored_updates``).
 
         Raises:
-            ValueError: a negative, NaN or infinite priority, or a length different from the batch's.
+            ValueError: a negative, NaN or infinite priority, or not one priority per unique id.
 
         Shapes:
-            priority, index, unique_id: ``(B,)``.
+            priority, unique_id: ``(B,)``.
         """
         p = _to_numpy(priority, np.float64)
+        uid = _to_numpy(unique_id, np.int64)
+        if p.size != uid.size:
+            raise ValueError(f"update() got {p.size} priorities for {uid.size} unique ids; pass one per sample")
+        if not self.prioritized:
+            invalid = ~((p >= 0) & (p < np.inf))
+            if invalid.any():
+                i = int(np.argmax(invalid))
+                raise ValueError(f"priorities must be finite and >= 0, got {p[i]} at position {i}")
+            return
         with self._cond:
-            index, uid = self._resolve_ids(index, unique_id)
-            if p.size != index.size:
-                raise ValueError(f"update() got {p.size} priorities for {index.size} samples; pass one per sample")
-            if p.size == 0:
-                return
-            if self._kernels is not None:
-                self._update_compiled(index, uid, p)
-                return
-            p_max = p.max()
-            if not (p_max < np.inf and p.min() >= 0):
-                bad = p[~((p >= 0) & (p < np.inf))][:5]
-                raise ValueError(f"priorities must be finite and >= 0, got {bad.tolist()}")
-            if not self.prioritized:
-                return
-            self._flush()
-            keep = self._uid.take(index) == uid
-            if not keep.all():
-                self._ignored_updates += int(keep.size - np.count_nonzero(keep))
-                index, p = index[keep], p[keep]
-                if index.size == 0:
-                    return
-                p_max = p.max()
-            p = np.maximum(p, self.eps)
-            self._max_priority = max(self._max_priority, float(p_max), self.eps)
-            index, p = self._sum_tree.deduplicate(index, p)
-            leaf = p if self.alpha == 1.0 else np.power(p, self.alpha)
-            self._sum_tree.update(index, leaf, unique=True)
-            self._min_tree.update(index, p, unique=True)
+            ignored, p_max = self._tree.update(uid, p, self._uid, self._base, self.eps)
+            self._ignored_updates += ignored
+            self._max_priority = max(self._max_priority, p_max)
 
-    def _update_compiled(self, index: np.ndarray, uid: np.ndarray, p: np.ndarray) -> None:
-        self._flush()
-        t = self._tree
-        status, info, p_max = self._kernels.update_priorities(
-            index, uid, p, self._uid, self.eps, self.alpha, t._sum, t._min, t._offsets, t.depth
-        )
-        if status < 0:
-            raise ValueError(f"priorities must be finite and >= 0, got {p[info]} at position {info}")
-        if info:
-            self._ignored_updates += info
-        if p_max > self._max_priority:
-            self._max_priority = p_max
-        t.note_external_update(p.size - info)
+    def priority(self, unique_id: ArrayLike) -> np.ndarray:
+        """The current priorities of samples (1 in a uniform buffer), NaN for those no longer stored.
 
-    def _resolve_ids(self, index: Optional[ArrayLike], unique_id: Optional[ArrayLike]) -> Tuple[np.ndarray, np.ndarray]:
-        if unique_id is not None:
-            uid = _to_numpy(unique_id, np.int64)
-            return (uid - self._base) % self.maxlen, uid
-        if index is not None:
-            index = _to_numpy(index, np.int64)
-            if index.size and (index.min() < 0 or index.max() >= self.maxlen):
-                raise ValueError(f"update() index must be in [0, {self.maxlen}), got {index.min()}..{index.max()}")
-            uid = self._uid.take(index)
-            return index, np.where(uid < 0, -2, uid)  # -2 never matches: evicted slots stay evicted
-        if self._last_index is None:
-            raise ValueError("update() got no index or unique_id and no batch was sampled; pass batch['unique_id']")
-        return self._last_index, self._last_uid
-
-    def _remember(self, batch: Mapping[str, Any]) -> None:
-        """Make ``batch`` the one ``update()`` without ids refers to (used by ``AsyncDataLoader``)."""
+        Shapes:
+            unique_id: ``(n,)``; returns ``(n,)`` ``float64``.
+        """
+        uid = _to_numpy(unique_id, np.int64)
         with self._cond:
-            self._last_index = _to_numpy(batch["index"], np.int64)
-            self._last_uid = _to_numpy(batch["unique_id"], np.int64)
+            slot = (uid - self._base) % self.maxlen
+            priority = self._tree.priorities[slot] if self.prioritized else np.ones(uid.size)
+            return np.where(self._uid[slot] == uid, priority, np.nan)
 
     # ---- size, monitoring, persistence -----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -451,23 +376,117 @@ class BaseBuffer(Draws):
             self._reset()
 
     def stats(self) -> Dict[str, float]:
-        """Monitoring figures for the logger / TensorBoard (``buffer/...``); rates are over the time since the
-        previous call. See ``monitor.buffer_stats``."""
-        from .monitor import buffer_stats
+        """Monitoring figures for the logger and TensorBoard; rates are over the time since the previous call.
 
-        return buffer_stats(self)
+        Returns:
+            ``buffer/size``, ``buffer/pushes_per_s``, ``buffer/samples_per_s`` (transitions drawn per second),
+            ``buffer/pushed``, ``buffer/sampled``, ``buffer/samples_per_insert``, ``buffer/mean_use``,
+            ``buffer/mean_staleness`` (learner iterations), ``buffer/evicted_by_use``,
+            ``buffer/evicted_by_staleness``, ``buffer/ignored_updates``, ``buffer/memory_mb``; with compressed fields
+            ``buffer/compression_ratio``; when prioritized ``buffer/priority_mean|max|min`` and ``buffer/beta``.
+        """
+        with self._cond:
+            now = time.monotonic()
+            elapsed = max(now - self._stats_time, 1e-9)
+            pushed = self._n_pushed - self._base
+            filled = min(pushed, self.maxlen)
+            valid = self._uid[:filled] >= 0
+            out = {
+                "buffer/size": float(self._n_valid),
+                "buffer/pushes_per_s": (self._n_pushed - self._stats_pushed) / elapsed,
+                "buffer/samples_per_s": (self._n_sampled - self._stats_sampled) / elapsed,
+                "buffer/pushed": float(pushed),
+                "buffer/sampled": float(self._n_sampled),
+                "buffer/samples_per_insert": self._n_sampled / max(1, pushed),
+                "buffer/mean_use": _masked_mean(self._use[:filled], valid),
+                "buffer/mean_staleness": self._learner_iter - _masked_mean(self._insert_iter[:filled], valid),
+                "buffer/evicted_by_use": float(self._evicted_use),
+                "buffer/evicted_by_staleness": float(self._evicted_stale),
+                "buffer/ignored_updates": float(self._ignored_updates),
+                "buffer/memory_mb": self._storage.memory(filled)["stored"] / 2**20,
+            }
+            if self._storage.compress_fields:
+                out["buffer/compression_ratio"] = self._storage.compression_ratio(filled)
+            if self.prioritized:
+                priority = self._tree.priorities[:filled][valid]
+                out["buffer/priority_mean"] = float(priority.mean()) if priority.size else 0.0
+                out["buffer/priority_max"] = float(priority.max()) if priority.size else 0.0
+                out["buffer/priority_min"] = float(priority.min()) if priority.size else 0.0
+                out["buffer/beta"] = self.current_beta()
+            self._stats_time, self._stats_pushed, self._stats_sampled = now, self._n_pushed, self._n_sampled
+            return out
 
     def save(self, path: str) -> None:
-        """Write the contents to ``path`` (``.npz`` of plain arrays plus a JSON header; no pickle)."""
-        from .persist import save_buffer
-
-        save_buffer(self, path)
+        """Write the contents to ``path`` (``.npz`` of plain arrays plus a JSON header, see ``persist``; no pickle)."""
+        with self._cond:
+            filled = min(self._n_pushed - self._base, self.maxlen)
+            header = {
+                "kind": type(self).__name__,
+                "maxlen": self.maxlen,
+                "prioritized": self.prioritized,
+                "alpha": self.alpha,
+                "filled": filled,
+                "schema": self._storage.schema() if self._storage.ready else None,
+                "counters": {name: _plain(getattr(self, f"_{name}")) for name in _COUNTERS},
+            }
+            arrays = {"uid": self._uid[:filled], "use": self._use[:filled], "insert_iter": self._insert_iter[:filled]}
+            if self.prioritized:
+                arrays["priority"] = self._tree.priorities[:filled]
+            if self._storage.ready:
+                arrays.update(self._storage.state_arrays(filled))
+            write_replay_file(path, header, arrays)
 
     def load(self, path: str) -> None:
-        """Replace the contents with those saved at ``path`` (the buffer must have the same ``maxlen``)."""
-        from .persist import load_buffer
+        """Replace the contents with those saved at ``path``.
 
-        load_buffer(self, path)
+        Priorities are kept when both the saved and the loading buffer are prioritized; a uniform save loaded into a
+        prioritized buffer gives every sample priority 1. Unique ids are shifted past those this buffer already
+        issued, so a priority update for a batch drawn before ``load`` can never touch a loaded sample.
+
+        Raises:
+            ValueError: not a nervex replay file, a newer format, a different ``maxlen``, or compressed fields that
+                differ.
+        """
+        header, arrays = read_replay_file(path)
+        if header["maxlen"] != self.maxlen:
+            raise ValueError(
+                f"{path} was saved from a buffer with maxlen={header['maxlen']}; this one has maxlen={self.maxlen}. "
+                f"Create the buffer with maxlen={header['maxlen']} to load it"
+            )
+        filled = int(header["filled"])
+        with self._cond:
+            self._storage.clear()
+            self._reset()
+            if header["schema"] is not None:
+                self._storage.init_from_description(header["schema"])
+                self._storage.load_state_arrays(arrays, filled)
+            shift = self._n_pushed  # ids issued by this buffer before the load stay unused
+            for name in _COUNTERS:
+                setattr(self, f"_{name}", header["counters"][name])
+            self._n_pushed += shift
+            self._base += shift
+            self._stale_from += shift
+            self._stats_pushed = self._n_pushed
+            uid = arrays["uid"]
+            self._uid[:filled] = np.where(uid >= 0, uid + shift, -1)
+            self._use[:filled] = arrays["use"]
+            self._insert_iter[:filled] = arrays["insert_iter"]
+            if self._tree is not None:
+                valid = self._uid[:filled] >= 0
+                if not (self.prioritized and header["prioritized"]):
+                    priority, self._max_priority = np.ones(filled), 1.0
+                else:
+                    priority = arrays["priority"]
+                self._tree.fill(0, filled, np.where(valid, priority, np.inf))
+
+
+def _masked_mean(values: np.ndarray, mask: np.ndarray) -> float:
+    n = int(np.count_nonzero(mask))
+    return float(values[mask].sum() / n) if n else 0.0
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
 
 
 def _check_args(

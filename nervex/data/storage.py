@@ -190,9 +190,9 @@ class Column:
 
 
 class PackedPlan:
-    """The packed small columns, as a compiled sampler copies them: for a batch of ``n`` samples, field ``f`` (at byte
-    ``o`` of a record) goes to bytes ``[n * o, n * o + n * size)`` of one block of ``n * record`` bytes, i.e. each field
-    is contiguous there and becomes an array (then a tensor) without another copy.
+    """The packed small columns, as ``PriorityTree.draw`` copies them: for a batch of ``n`` samples, field ``f`` (at
+    byte ``o`` of a record) goes to bytes ``[n * o, n * o + n * size)`` of one block of ``n * record`` bytes, i.e. each
+    field is contiguous there and becomes an array (then a tensor) without another copy.
 
     Attributes:
         source: The packed block as ``uint8``, its length a multiple of 8 (so the kernel can view it as words).
@@ -238,7 +238,7 @@ class ColumnStorage:
         self._any_compressed = False
         self._records: Optional[np.ndarray] = None  # the packed small columns, structured, shape (maxlen,)
         self._packed_fields: List[Optional[str]] = []  # field of each column in _records (None: stored apart)
-        self._plan: Optional[PackedPlan] = None  # how a compiled sampler copies the packed columns (see packed_plan)
+        self._plan: Optional[PackedPlan] = None  # how a tree draw copies the packed columns (see packed_plan)
         self._direct: Optional[List[Tuple[str, Tuple[int, ...], np.dtype, int]]] = None  # see tensors_from_block
         self._pool = ArrayPool()  # output arrays of large columns, reused once released
 
@@ -325,7 +325,7 @@ class ColumnStorage:
         return self._direct is not None
 
     def tensors_from_block(self, n: int, block: np.ndarray) -> Dict[str, Any]:
-        """The batch's dict of tensors, each a view of the block a compiled sampler filled (see ``PackedPlan``)."""
+        """The batch's dict of tensors, each a view of the block a tree draw filled (see ``PackedPlan``)."""
         return {
             key: torch.from_numpy(np.ndarray((n, *shape), dtype, block, n * offset))
             for key, shape, dtype, offset in self._direct
@@ -333,7 +333,7 @@ class ColumnStorage:
 
     @property
     def packed_plan(self) -> Optional[PackedPlan]:
-        """How a compiled sampler copies the packed columns of a batch into one field-major block (None when nothing
+        """How a tree draw copies the packed columns of a batch into one field-major block (None when nothing
         is packed); it hands the block to ``gather(index, block)``."""
         return self._plan
 
@@ -455,7 +455,7 @@ class ColumnStorage:
 
         Args:
             index: Slots to read.
-            block: The packed columns of those slots, already copied field-major by a compiled sampler (see
+            block: The packed columns of those slots, already copied field-major by a tree draw (see
                 ``PackedPlan``); the packed columns are then views into it. None: copied here.
         """
         if self._records is None:

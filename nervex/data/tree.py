@@ -1,417 +1,343 @@
-"""Vectorized sum and min trees for prioritized replay.
+"""``PriorityTree``: the replay buffer's sum tree (sampling) and min tree (importance weights) over slot priorities.
 
-Both trees hold ``capacity`` leaves (a power of two) and keep every level in one flat ``float64`` array. Every
-operation works on a whole batch of leaves with one NumPy call per tree level; there is no per-item Python loop.
-When numba is installed, ``SumTree``'s search and update run as compiled loops instead (see ``tree_kernels``).
+Why 8-ary: at 1M leaves a binary descent touches ~20 levels and nearly every level is a cache miss. Here the 8
+children of a node are contiguous ``float64`` (one 64-byte line), so a descent touches ~7 lines for 1M leaves and
+scans each one, and an update reads the same ~7 lines to refresh the ancestors.
 
-Three choices differ from the textbook tree, all because NumPy pays ~0.3 us per call whatever the array size:
+Layout: all levels live in one flat array, top level first, leaves last (so the leaves are a contiguous view). Level
+``k`` counts up from the leaves (``0``) to the top (``depth``); node ``j`` of level ``k + 1`` has children
+``8 j .. 8 j + 7`` of level ``k``. The top level has at most 8 nodes, padded to 8 with neutral values.
 
-* The tree stops at a *top level* of at most ``top_size`` nodes instead of a single root. ``SumTree.find`` searches
-  that level with one ``cumsum`` + ``searchsorted`` and only descends the levels below it, which saves ~9 levels
-  (~25 calls) per search.
-* ``SumTree.update`` adds the change of each leaf to all its ancestors in a single ``np.add.at`` call instead of
-  recomputing the tree level by level. The floating-point drift this can cause is removed by an exact rebuild after
-  every ``capacity`` leaf updates (amortized cost: a few nanoseconds per update).
-* ``MinTree`` propagates lazily: the minimum is cached and the tree is only brought up to date when a change could
-  have raised it (a leaf that held the minimum changed), which in prioritized replay is rare.
+Exactness: an update adds the change of each leaf to each ancestor, and the sums are rebuilt exactly every
+``capacity`` updates to remove the drift. The min tree is always exact: the importance weights are normalized by the
+minimum priority.
+
+Backends: ``numba_kernels`` (compiled) when numba imports, else ``numpy_kernels``: the same functions with the same
+floating-point operations, so the trees and draws of both are identical (up to the last bit of ``pow`` where NumPy
+vectorizes it itself; see ``numpy_kernels``). ``NERVEX_TREE_BACKEND=numpy`` forces NumPy.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+import os
+import warnings
+from types import ModuleType
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from .tree_kernels import default_backend, kernels
+from . import numpy_kernels
 
-DEFAULT_TOP_SIZE = 512
-
-IndexLike = Union[int, Sequence[int], np.ndarray]
-ValueLike = Union[float, Sequence[float], np.ndarray]
-
-
-def next_power_of_two(n: int) -> int:
-    """The smallest power of two ``>= n`` (and ``>= 1``)."""
-    return 1 << max(0, int(n) - 1).bit_length()
+A = numpy_kernels.A
+_COMPILED: Optional[ModuleType] = None
+_COMPILE_ERROR: Optional[str] = None
 
 
-class _LevelTree:
-    """Storage shared by the two trees: levels ``0`` (leaves) .. ``depth`` (top) in one flat array."""
+def numba_available() -> bool:
+    """Whether the compiled kernels can be used (numba imports and can cache its machine code)."""
+    global _COMPILED, _COMPILE_ERROR
+    if _COMPILED is None and _COMPILE_ERROR is None:
+        try:
+            from . import numba_kernels
 
-    def __init__(self, capacity: int, top_size: int, fill: float) -> None:
+            _COMPILED = numba_kernels
+        except ImportError as error:
+            _COMPILE_ERROR = str(error)
+        except RuntimeError as error:
+            # numba found no writable place for its cache (a read-only install and no usable home directory):
+            # say so once and use NumPy rather than fail; NUMBA_CACHE_DIR=/some/writable/dir restores the kernels
+            _COMPILE_ERROR = f"numba could not set up its kernel cache ({error}); set NUMBA_CACHE_DIR"
+            warnings.warn(f"nervex replay trees fall back to NumPy: {_COMPILE_ERROR}", RuntimeWarning, stacklevel=2)
+    return _COMPILED is not None
+
+
+def default_backend() -> str:
+    """``'numba'`` when available and not disabled by ``NERVEX_TREE_BACKEND=numpy``, else ``'numpy'``.
+
+    Raises:
+        ValueError: ``NERVEX_TREE_BACKEND`` is set to something else than ``numpy`` or ``numba``.
+        ImportError: ``NERVEX_TREE_BACKEND=numba`` but numba cannot be used.
+    """
+    choice = os.environ.get("NERVEX_TREE_BACKEND", "").strip().lower()
+    if choice not in ("", "numpy", "numba"):
+        raise ValueError(f"NERVEX_TREE_BACKEND must be 'numpy' or 'numba', got {choice!r}")
+    if choice == "numpy":
+        return "numpy"
+    if choice == "numba" and not numba_available():
+        raise ImportError(f"NERVEX_TREE_BACKEND=numba but numba cannot be used: {_COMPILE_ERROR}")
+    return "numba" if numba_available() else "numpy"
+
+
+class _NoCopy:
+    """The copy plan of a draw that copies no columns (see ``storage.PackedPlan``)."""
+
+    source = np.zeros(8, dtype=np.uint8)
+    record = 8
+    table = np.zeros((0, 4), dtype=np.int64)
+
+    @staticmethod
+    def block(n: int) -> np.ndarray:
+        return _NoCopy.source
+
+
+class PriorityTree:
+    """Sums of leaves ``priority ** alpha`` and minima of priorities over ``capacity`` slots, with stratified draws.
+
+    An empty slot has leaf 0 and priority ``inf``. Writes of new samples (``fill``) are propagated lazily, before the
+    next read, so that storing one sample at a time stays cheap.
+
+    Args:
+        capacity: Number of slots; the tree rounds it up to a power of two (at least 8).
+        alpha: Priority exponent of the leaves (float32 ``pow``, as the kernels compute it).
+        seed: Seed of the draws' generator (splitmix64, the same stream on both backends).
+        backend: ``'numba'``, ``'numpy'`` or None for ``default_backend()``.
+
+    Examples:
+        >>> tree = PriorityTree(16, alpha=1.0, backend="numpy")
+        >>> tree.fill(0, 3, 2.0)
+        >>> tree.update(np.array([1]), np.array([4.0]), slot_uid=np.arange(16), first_uid=0, eps=1e-6)
+        (0, 4.0)
+        >>> tree.total(), tree.min(), tree.find(np.array([1.0, 2.0, 6.5])).tolist()
+        (8.0, 2.0, [0, 1, 2])
+    """
+
+    def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, backend: Optional[str] = None) -> None:
         if capacity < 1:
-            raise ValueError(f"tree capacity must be >= 1, got {capacity}")
-        if top_size < 1:
-            raise ValueError(f"tree top_size must be >= 1, got {top_size}")
-        self.capacity = next_power_of_two(capacity)
-        self.depth = 0
-        while (self.capacity >> self.depth) > top_size:
-            self.depth += 1
-        sizes = [self.capacity >> k for k in range(self.depth + 1)]
-        offsets = np.concatenate(([0], np.cumsum(sizes[:-1]))).astype(np.int64)
-        self._fill = fill
-        self._flat = np.full(int(sum(sizes)), fill, dtype=np.float64)
-        self.levels: List[np.ndarray] = [self._flat[o : o + n] for o, n in zip(offsets, sizes)]
-        # column vectors so that ``index >> shifts + offsets`` gives every ancestor of every leaf, shape (depth, n)
-        self._shifts = np.arange(1, self.depth + 1, dtype=np.int64)[:, None]
-        self._offsets = offsets[1:, None].copy()
-        self._level_offsets = offsets
-        self._marker = np.zeros(self.capacity, dtype=np.int64)
-        self._arange = np.arange(0, dtype=np.int64)
-
-    def deduplicate(self, index: np.ndarray, value: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """Keep one occurrence of each repeated index (with its value); order otherwise unchanged.
-
-        Shapes:
-            index, value: ``(n,)``; returns ``(m,)`` and ``(m,)`` with ``m <= n``.
-        """
-        n = index.size
-        if n < 2:
-            return index, value
-        if self._arange.size < n:
-            self._arange = np.arange(max(n, 2 * self._arange.size), dtype=np.int64)
-        order = self._arange[:n]
-        self._marker[index] = order  # one occurrence of each index wins the slot
-        keep = self._marker.take(index) == order
-        if keep.all():
-            return index, value
-        return index[keep], value[keep]
+            raise ValueError(f"PriorityTree capacity must be >= 1, got {capacity}")
+        self.backend = backend or default_backend()
+        if self.backend not in ("numpy", "numba"):
+            raise ValueError(f"PriorityTree backend must be 'numpy' or 'numba', got {self.backend!r}")
+        if self.backend == "numba" and not numba_available():
+            raise ImportError(f"the numba PriorityTree backend cannot be used: {_COMPILE_ERROR}")
+        self._k: Any = _COMPILED if self.backend == "numba" else numpy_kernels
+        self.alpha = float(alpha)
+        self.capacity = max(A, 1 << (int(capacity) - 1).bit_length())
+        sizes = [self.capacity]
+        while sizes[-1] > A:
+            sizes.append(sizes[-1] // A)
+        self.depth = len(sizes) - 1
+        stored = sizes[:-1] + [A]  # the top level padded to a whole group of siblings
+        starts = np.concatenate(([0], np.cumsum(stored[::-1])[:-1]))[::-1]
+        self._offsets = np.ascontiguousarray(starts, dtype=np.int64)
+        self._sizes = np.asarray(sizes, dtype=np.int64)
+        self._sum = _aligned(int(sum(stored)))
+        self._min = _aligned(int(sum(stored)))
+        self._leaves = self._sum[self._offsets[0] :][: self.capacity]
+        self._priorities = self._min[self._offsets[0] :][: self.capacity]
+        self._rng = np.array([seed], dtype=np.uint64)
+        self._dirty: List[List[int]] = []  # [start, stop) ranges written by fill and not yet propagated
+        self._fill_leaf = (1.0, self._leaf(1.0))  # (priority, its leaf) of the last fill, cached
+        self.clear()
 
     @property
     def leaves(self) -> np.ndarray:
-        """The leaf level (a view)."""
-        return self.levels[0]
+        """The sum tree's leaves, ``leaf(priority)`` or 0 for an empty slot (read-only view)."""
+        view = self._leaves.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def priorities(self) -> np.ndarray:
+        """The slots' priorities, ``inf`` for an empty slot (read-only view)."""
+        view = self._priorities.view()
+        view.flags.writeable = False
+        return view
+
+    def _leaf(self, priority: float) -> float:
+        return float(self._k.leaf_values(np.array([priority], dtype=np.float64), self.alpha)[0])
 
     def clear(self) -> None:
-        self._flat.fill(self._fill)
-
-    def _ancestors(self, index: np.ndarray) -> np.ndarray:
-        """Flat positions of all ancestors (levels 1..depth) of each leaf; shape ``(depth * n,)``."""
-        anc = np.right_shift(index, self._shifts)
-        anc += self._offsets
-        return anc.ravel()
-
-
-def _as_index(index: IndexLike) -> np.ndarray:
-    if type(index) is np.ndarray and index.dtype == np.int64 and index.ndim == 1:
-        return index
-    return np.asarray(index, dtype=np.int64).reshape(-1)
-
-
-def _as_values(value: ValueLike, n: int) -> np.ndarray:
-    if type(value) is np.ndarray and value.dtype == np.float64 and value.shape == (n,):
-        return value
-    value = np.asarray(value, dtype=np.float64).reshape(-1)
-    if value.size == 1 and n != 1:
-        value = np.full(n, value[0])
-    if value.size != n:
-        raise ValueError(f"got {n} leaf indices but {value.size} values; pass one value per index")
-    return value
-
-
-class SumTree(_LevelTree):
-    """Sum over leaves with batched prefix-sum search.
-
-    Args:
-        capacity: Number of leaves; rounded up to a power of two.
-        top_size: Largest level searched with ``cumsum`` instead of descending further (see module docstring).
-        backend: ``'numpy'``, ``'numba'`` or None for ``tree_kernels.default_backend()``.
-
-    Examples:
-        >>> tree = SumTree(4)
-        >>> tree.update([0, 1, 2, 3], [1.0, 2.0, 3.0, 4.0])
-        >>> tree.total()
-        10.0
-        >>> tree.find(np.array([0.5, 1.0, 9.9])).tolist()
-        [0, 1, 3]
-    """
-
-    def __init__(self, capacity: int, top_size: int = DEFAULT_TOP_SIZE, backend: Optional[str] = None) -> None:
-        super().__init__(capacity, top_size, 0.0)
-        self.backend = backend or default_backend()
-        if self.backend not in ("numpy", "numba"):
-            raise ValueError(f"SumTree backend must be 'numpy' or 'numba', got {self.backend!r}")
-        self._kernels = kernels() if self.backend == "numba" else None
-        self._repeat = np.zeros(0)
-        self._prefix = np.zeros(len(self.levels[-1]) + 1)
-        self._prefix_valid = False
-        self._below_total = 0.0
-        self._updates_since_rebuild = 0
-
-    def clear(self) -> None:
-        super().clear()
-        self._prefix_valid = False
-        self._updates_since_rebuild = 0
-
-    def update(self, index: IndexLike, value: ValueLike, unique: bool = False) -> None:
-        """Set ``leaves[index] = value`` and update every ancestor.
-
-        Args:
-            index: Leaf indices; duplicates are allowed (one of the duplicated values is kept).
-            value: New leaf values (non-negative), one per index or a single value for all.
-            unique: The caller guarantees ``index`` has no duplicates (skips ``deduplicate``).
-
-        Shapes:
-            index: ``(n,)``; value: ``(n,)`` or scalar.
-        """
-        index = _as_index(index)
-        if index.size == 0:
-            return
-        value = _as_values(value, index.size)
-        if self._kernels is not None:
-            self._kernels.sum_update(self._flat, self._level_offsets, self.depth, index, value)
-            self.note_external_update(index.size)
-            return
-        if not unique:
-            index, value = self.deduplicate(index, value)
-        n = index.size
-        delta = value - self.leaves.take(index)
-        self.leaves[index] = value
-        if self.depth:
-            if self._repeat.size < self.depth * n:
-                self._repeat = np.zeros(max(self.depth * n, 2 * self._repeat.size))
-            repeated = self._repeat[: self.depth * n]
-            repeated.reshape(self.depth, n)[...] = delta
-            np.add.at(self._flat, self._ancestors(index), repeated)
-        self.note_external_update(n)
-
-    def note_external_update(self, n: int) -> None:
-        """Account for ``n`` leaf updates that a compiled kernel applied directly to the levels."""
-        self._prefix_valid = False
-        self._updates_since_rebuild += n
-        if self._updates_since_rebuild > self.capacity:
-            self.rebuild()
-
-    def refresh(self, start: int, stop: int) -> None:
-        """Recompute, exactly, the ancestors of ``leaves[start:stop]`` after writing those leaves directly."""
-        if not 0 <= start <= stop <= self.capacity:
-            raise ValueError(f"refresh range [{start}, {stop}) is outside the tree's leaves [0, {self.capacity})")
-        if start == stop:
-            return
-        for k in range(1, self.depth + 1):
-            start, stop = start >> 1, ((stop - 1) >> 1) + 1
-            child = self.levels[k - 1]
-            np.add(child[2 * start : 2 * stop : 2], child[2 * start + 1 : 2 * stop : 2], out=self.levels[k][start:stop])
-        self._prefix_valid = False
-
-    def rebuild(self) -> None:
-        """Recompute every internal node from the leaves (removes accumulated rounding drift)."""
-        self.refresh(0, self.capacity)
+        """Empty every slot."""
+        self._sum.fill(0.0)
+        self._min.fill(np.inf)
+        self._dirty.clear()
         self._updates_since_rebuild = 0
 
     def total(self) -> float:
-        """Sum of all leaves."""
-        if not self._prefix_valid:
-            self.levels[-1].cumsum(out=self._prefix[1:])
-            self._below_total = np.nextafter(self._prefix[-1], 0.0)
-            self._prefix_valid = True
-        return float(self._prefix[-1])
+        """Sum of the leaves (the running sum over the top level, in the order a search adds them)."""
+        self._flush()
+        top = self._offsets[self.depth]
+        return float(np.cumsum(self._sum[top : top + self._sizes[self.depth]])[-1])
+
+    def min(self) -> float:
+        """The smallest priority (``inf`` when every slot is empty)."""
+        self._flush()
+        top = self._offsets[self.depth]
+        return float(self._min[top : top + A].min())
+
+    def fill(self, start: int, stop: int, priority: Any) -> None:
+        """Set slots ``[start, stop)`` to ``priority`` (a number, or one per slot with ``inf`` for empty ones).
+
+        Shapes:
+            priority: scalar or ``(stop - start,)``.
+        """
+        if not 0 <= start <= stop <= self.capacity:
+            raise ValueError(f"fill range [{start}, {stop}) is outside the tree's slots [0, {self.capacity})")
+        if isinstance(priority, (float, int)):
+            if self._fill_leaf[0] != priority:
+                self._fill_leaf = (priority, self._leaf(priority))
+            if stop == start + 1:  # one sample stored (the common case): an element is cheaper to set than a slice
+                self._leaves[start], self._priorities[start] = self._fill_leaf[1], priority
+            else:
+                self._leaves[start:stop], self._priorities[start:stop] = self._fill_leaf[1], priority
+        else:
+            priority = np.asarray(priority, dtype=np.float64)
+            self._leaves[start:stop] = np.where(priority < np.inf, self._k.leaf_values(priority, self.alpha), 0.0)
+            self._priorities[start:stop] = priority
+        dirty = self._dirty
+        if dirty and dirty[-1][1] == start:
+            dirty[-1][1] = stop
+        elif len(dirty) < 4:
+            dirty.append([start, stop])
+        else:  # a writer that wraps the ring repeatedly between two reads: one full refresh is cheaper
+            dirty[:] = [[0, self.capacity]]
+
+    def update(
+        self, uid: np.ndarray, priority: np.ndarray, slot_uid: np.ndarray, first_uid: int, eps: float
+    ) -> Tuple[int, float]:
+        """Set the priorities of samples by unique id; those no longer in their slot are skipped.
+
+        Args:
+            uid: Unique ids (``int64``) of samples drawn earlier. The sample ``u`` lives in slot
+                ``(u - first_uid) % slot_uid.size`` (a ring) as long as ``slot_uid`` there still says ``u``; a
+                repeated sample keeps its last priority.
+            priority: New priorities (``float64``), floored at ``eps``.
+            slot_uid: The unique id each slot holds now (-1: none).
+            first_uid: The unique id of the sample that went to slot 0.
+            eps: Priority floor (> 0).
+
+        Returns:
+            The number of updates skipped (the sample was overwritten or evicted since), and the largest priority set
+            (0 if none).
+
+        Raises:
+            ValueError: A priority is negative, NaN or infinite (the message gives it and its position).
+
+        Shapes:
+            uid, priority: ``(n,)``; slot_uid: ``(slots,)`` with ``slots <= capacity``.
+        """
+        if self._dirty:
+            self._flush()
+        status, info, p_max = self._k.update_priorities(
+            uid, priority, first_uid, slot_uid, eps, self.alpha, self._sum, self._min, self._offsets, self.depth
+        )
+        if status < 0:
+            raise ValueError(f"priorities must be finite and >= 0, got {priority[info]} at position {info}")
+        self._count_updates(uid.size - info)
+        return int(info), float(p_max)
+
+    def remove(self, index: np.ndarray) -> None:
+        """Empty slots ``index`` (``int64``, no repeats needed)."""
+        self._flush()
+        zeros = np.zeros(index.size)
+        self._k.update(self._sum, self._min, self._offsets, self.depth, index, zeros, np.full(index.size, np.inf))
+        self._count_updates(index.size)
 
     def find(self, value: np.ndarray) -> np.ndarray:
-        """For each ``v``, the leaf ``i`` with ``sum(leaves[:i]) <= v < sum(leaves[:i + 1])``.
-
-        Leaves of value 0 are never returned except through floating-point rounding at a boundary; callers that must
-        exclude them check the returned leaves.
+        """For each ``v``, the slot ``i`` with ``sum(leaves[:i]) <= v < sum(leaves[:i + 1])``.
 
         Args:
             value: Prefix sums in ``[0, total())``; values at or above the total are clipped just below it.
 
         Returns:
-            Leaf indices, ``int64``.
+            Slots, ``int64``. Rounding at a boundary can return an empty slot; ``draw`` redraws those.
+
+        Raises:
+            ValueError: Every slot is empty.
 
         Shapes:
             value: ``(n,)``; returns ``(n,)``.
         """
         total = self.total()
         if not total > 0.0:
-            raise ValueError(f"cannot search a SumTree whose total is {total}; set some leaves > 0 first")
-        if self._kernels is not None:
-            value = np.ascontiguousarray(value, dtype=np.float64)
-            out = np.empty(value.size, dtype=np.int64)
-            self._kernels.find(self._flat, self._level_offsets, self.depth, self._prefix, self._below_total, value, out)
-            return out
-        v = np.minimum(value, self._below_total, dtype=np.float64)
-        idx = self._prefix.searchsorted(v, side="right")
-        idx -= 1
-        v -= self._prefix.take(idx)
-        for level in self.levels[-2::-1]:
-            idx <<= 1
-            left = level.take(idx)
-            go_right = v >= left
-            left *= go_right
-            v -= left
-            idx += go_right
-        return idx
+            raise ValueError(f"cannot search a PriorityTree whose total is {total}: fill or update some slots first")
+        value = np.minimum(np.asarray(value, dtype=np.float64).reshape(-1), np.nextafter(total, 0.0))
+        out = np.empty(value.size, dtype=np.int64)
+        self._k.find(self._sum, self._offsets, self._sizes, self.depth, value, out)
+        return out
 
-
-class MinTree(_LevelTree):
-    """Minimum over leaves; ``+inf`` marks an empty leaf.
-
-    The minimum ``m`` is cached together with a lower bound on the number of leaves that hold it. An update that
-    lowers ``m`` or adds holders adjusts the cache; one that removes the last known holder marks it stale, and the
-    next ``min()`` brings the pending part of the tree up to date (vectorized, one batch per level) and reads the top
-    level. Ties (many leaves at the priority floor) therefore do not make every update recompute.
-
-    With the numba backend the tree is instead updated eagerly, leaf by leaf, stopping as soon as an ancestor is
-    unchanged; ``min()`` then reads the top level.
-
-    Args:
-        capacity: Number of leaves; rounded up to a power of two.
-        top_size: Number of nodes of the top level, whose minimum ``min()`` computes directly.
-        backend: ``'numpy'``, ``'numba'`` or None for ``tree_kernels.default_backend()``.
-
-    Examples:
-        >>> tree = MinTree(4)
-        >>> tree.update([0, 1, 2], [3.0, 1.0, 2.0])
-        >>> tree.min()
-        1.0
-        >>> tree.update([1], [np.inf])
-        >>> tree.min()
-        2.0
-    """
-
-    def __init__(self, capacity: int, top_size: int = DEFAULT_TOP_SIZE, backend: Optional[str] = None) -> None:
-        super().__init__(capacity, top_size, np.inf)
-        self.backend = backend or default_backend()
-        if self.backend not in ("numpy", "numba"):
-            raise ValueError(f"MinTree backend must be 'numpy' or 'numba', got {self.backend!r}")
-        self._kernels = kernels() if self.backend == "numba" else None
-        self.clear()
-
-    def clear(self) -> None:
-        super().clear()
-        self._min = np.inf
-        self._holders = 0  # lower bound on the number of leaves equal to _min (0 with _min = inf)
-        self._stale = False
-        self._pending: List[np.ndarray] = []
-        self._pending_size = 0
-        self._needs_rebuild = False
-
-    def update(self, index: IndexLike, value: ValueLike, unique: bool = False) -> None:
-        """Set ``leaves[index] = value`` (``inf`` empties a leaf).
+    def draw(
+        self, n: int, beta: float, slot_uid: np.ndarray, slot_use: np.ndarray, plan: Any = None
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]:
+        """A stratified draw: one slot from each of ``n`` equal slices of the total, with importance weights.
 
         Args:
-            index: Leaf indices; duplicates are allowed (one of the duplicated values is kept).
-            value: New values, one per index or a single value for all.
-            unique: The caller guarantees ``index`` has no duplicates (skips ``deduplicate``).
+            n: Number of slots to draw.
+            beta: Importance-sampling exponent: weights ``(leaf / min leaf) ** -beta`` (0: all 1).
+            slot_uid: The unique id each slot holds (returned for the drawn slots).
+            slot_use: Use counts of the slots; each draw adds 1 to its slot's count.
+            plan: ``storage.PackedPlan`` of the columns to copy for the drawn slots, or None.
+
+        Returns:
+            Slots (``int64``), weights (``float32``), unique ids (``int64``), and the drawn slots' packed columns as
+            ``plan`` lays them out (None without a plan, or when a slot had to be redrawn: copy those rows then).
+
+        Raises:
+            RuntimeError: Every slot is empty, or the sums keep leading to empty slots.
 
         Shapes:
-            index: ``(n,)``; value: ``(n,)`` or scalar.
+            slot_uid, slot_use: ``(slots,)`` with ``slots <= capacity``; returns ``(n,)`` each.
         """
-        index = _as_index(index)
-        if index.size == 0:
-            return
-        value = _as_values(value, index.size)
-        if self._kernels is not None:
-            self._kernels.min_update(self._flat, self._level_offsets, self.depth, index, value)
-            self.note_external_update()
-            return
-        if not unique:
-            index, value = self.deduplicate(index, value)
-        old = self.leaves.take(index)
-        self.leaves[index] = value
-        self._note_change(old, value, index)
+        if self._dirty:
+            self._flush()
+        index, uid = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        weight = np.empty(n, dtype=np.float32)
+        copy = plan or _NoCopy
+        block = copy.block(n)
+        empty, total = self._k.draw(
+            self._sum, self._min, self._offsets, self._sizes, self.depth, self._rng, self.alpha, beta,
+            slot_uid, slot_use, index, weight, uid, copy.source, copy.record, copy.table, block,
+        )  # fmt: skip
+        if empty < 0:
+            raise RuntimeError(f"cannot draw from a PriorityTree whose total is {total}: every slot is empty")
+        if empty:  # rounding landed on empty slots (essentially never): redraw those
+            np.add.at(slot_use, index, -1)
+            index = self._redraw_empty(index)
+            np.add.at(slot_use, index, 1)
+            scale = 1.0 / self._leaf(self.min())
+            weight = (self._leaves[index] * scale).astype(np.float32) ** np.float32(-beta)
+            return index, weight, slot_uid[index], None
+        return index, weight, uid, None if plan is None else block
 
-    def update_range(self, start: int, stop: int, value: ValueLike) -> None:
-        """Set ``leaves[start:stop] = value`` (cheaper than ``update`` with an index array)."""
-        if not 0 <= start <= stop <= self.capacity:
-            raise ValueError(f"range [{start}, {stop}) is outside the tree's leaves [0, {self.capacity})")
-        if start == stop:
-            return
-        if self._kernels is not None:
-            values = np.broadcast_to(np.asarray(value, dtype=np.float64), (stop - start,)).copy()
-            self._kernels.min_update(self._flat, self._level_offsets, self.depth, np.arange(start, stop), values)
-            self.note_external_update()
-            return
-        leaves = self.leaves[start:stop]
-        old = leaves.copy()
-        leaves[...] = value
-        self._note_change(old, leaves, None, start, stop)
+    def _redraw_empty(self, index: np.ndarray) -> np.ndarray:
+        for attempt in range(8):
+            bad = np.flatnonzero(self._leaves[index] <= 0.0)
+            if bad.size == 0:
+                return index
+            if attempt == 4:  # the drift of the sums is the likely cause: rebuild them exactly
+                self._refresh(0, self.capacity, minima=False)
+            index[bad] = self.find(self._k.uniforms(self._rng, bad.size) * self.total())
+        raise RuntimeError("the priority tree keeps returning empty slots: its sums are inconsistent with its leaves")
 
-    def refresh(self, start: int, stop: int, old_min: float = -np.inf) -> None:
-        """Recompute, exactly, the ancestors of ``leaves[start:stop]`` after writing those leaves directly.
+    def _count_updates(self, n: int) -> None:
+        # every ``capacity`` leaf updates, rebuild the sums exactly to remove the rounding drift of adding changes
+        self._updates_since_rebuild += n
+        if self._updates_since_rebuild > self.capacity:
+            self._refresh(0, self.capacity, minima=False)
 
-        Args:
-            start, stop: The range of leaves written.
-            old_min: The smallest value those leaves held before (the default assumes the worst).
-        """
-        if not 0 <= start <= stop <= self.capacity:
-            raise ValueError(f"refresh range [{start}, {stop}) is outside the tree's leaves [0, {self.capacity})")
-        if start == stop:
-            return
-        lo, hi = start, stop
+    def _flush(self) -> None:
+        for start, stop in self._dirty:
+            self._refresh(start, stop)
+        self._dirty.clear()
+
+    def _refresh(self, start: int, stop: int, minima: bool = True) -> None:
+        """Recompute, exactly, the ancestors of leaves ``[start, stop)``."""
+        if start == 0 and stop == self.capacity:
+            self._updates_since_rebuild = 0
+        trees = [(self._sum, np.add)] + ([(self._min, np.minimum)] if minima else [])
         for k in range(1, self.depth + 1):
-            lo, hi = lo >> 1, ((hi - 1) >> 1) + 1
-            child = self.levels[k - 1]
-            np.minimum(child[2 * lo : 2 * hi : 2], child[2 * lo + 1 : 2 * hi : 2], out=self.levels[k][lo:hi])
-        if self._kernels is not None:
-            self._stale = True  # reading the top level is cheap: nothing is pending with eager updates
-        elif not self._stale:  # the range is exact now; only the cached minimum needs care
-            new = self.leaves[start:stop]
-            new_min = new.min()
-            if new_min < self._min:
-                self._min, self._holders = new_min, int(np.count_nonzero(new == new_min))
-            elif old_min <= self._min:
-                self._stale = True  # an overwritten leaf may have held the minimum
-            elif new_min == self._min:
-                self._holders += int(np.count_nonzero(new == new_min))
+            start, stop = start // A, (stop - 1) // A + 1 if stop > start else start // A
+            for flat, reduce in trees:
+                children = flat[self._offsets[k - 1] :][: self._sizes[k - 1]].reshape(-1, A)[start:stop]
+                out = flat[self._offsets[k] + start : self._offsets[k] + stop]
+                # left to right, the order of the kernels' scans (NumPy's own sum pairs them differently)
+                np.copyto(out, children[:, 0])
+                for t in range(1, A):
+                    reduce(out, children[:, t], out=out)
 
-    def note_external_update(self) -> None:
-        """Mark the cached minimum stale after a compiled kernel updated the tree eagerly (numba backend)."""
-        self._stale = True
 
-    def min(self) -> float:
-        """Minimum over all leaves (``inf`` when every leaf is empty)."""
-        if self._stale:
-            self._propagate()
-            top = self.levels[-1]
-            self._min = float(top.min())
-            # subtrees of the top level whose minimum is m: each holds at least one leaf equal to m
-            self._holders = int(np.count_nonzero(top == self._min)) if self._min < np.inf else 0
-            self._stale = False
-        return float(self._min)
-
-    def rebuild(self) -> None:
-        """Recompute every internal node from the leaves."""
-        for k in range(1, self.depth + 1):
-            child = self.levels[k - 1]
-            np.minimum(child[0::2], child[1::2], out=self.levels[k])
-        self._pending, self._pending_size, self._needs_rebuild = [], 0, False
-        self._stale = True  # recount the holders from the fresh top level
-
-    def _note_change(
-        self, old: np.ndarray, new: np.ndarray, index: Optional[np.ndarray], start: int = 0, stop: int = 0
-    ) -> None:
-        if not self._stale:
-            m = self._min
-            new_min = new.min()
-            if new_min < m:
-                self._min, self._holders = new_min, int(np.count_nonzero(new == new_min))
-            else:
-                if new_min == m:
-                    self._holders += int(np.count_nonzero(new == m))
-                if old.min() == m:
-                    self._holders -= int(np.count_nonzero(old == m))
-                    self._stale = self._holders <= 0
-        if self.depth == 0 or self._needs_rebuild:
-            return
-        if index is None:
-            index = np.arange(start, stop, dtype=np.int64)
-        self._pending.append(index)
-        self._pending_size += index.size
-        if self._pending_size > self.capacity // 4:
-            # cheaper to rebuild everything later than to keep (and walk) this many pending leaves
-            self._pending, self._pending_size, self._needs_rebuild = [], 0, True
-
-    def _propagate(self) -> None:
-        if self._needs_rebuild:
-            self.rebuild()
-            return
-        if not self._pending:
-            return
-        idx = self._pending[0] if len(self._pending) == 1 else np.concatenate(self._pending)
-        for k in range(1, self.depth + 1):
-            idx = np.right_shift(idx, 1)
-            pairs = self.levels[k - 1].reshape(-1, 2).take(idx, axis=0)
-            self.levels[k][idx] = np.minimum(pairs[:, 0], pairs[:, 1])
-        self._pending, self._pending_size = [], 0
+def _aligned(n: int) -> np.ndarray:
+    """A ``float64`` array of ``n`` values starting on a 64-byte boundary (so groups of 8 siblings share a line)."""
+    raw = np.empty(n + 8, dtype=np.float64)
+    skip = (-raw.ctypes.data % 64) // 8
+    return raw[skip : skip + n]

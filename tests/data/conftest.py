@@ -2,7 +2,7 @@
 
 import pytest
 
-from nervex.data.tree_kernels import numba_available
+from nervex.data.tree import numba_available
 
 BACKENDS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(not numba_available(), reason="numba missing"))]
 

@@ -76,11 +76,10 @@ def test_buffer_source_with_a_concurrent_writer_and_priority_updates(backend):
         for batch in loader:
             np.testing.assert_array_equal(batch["x"].numpy(), batch["unique_id"].numpy().astype(np.float32))
             uid = batch["unique_id"].numpy()
-            buffer.update(uid % 5 + 0.5)  # refers to the batch just delivered, not the thread's latest draw
-            with buffer._cond:  # the writer must not run between the two reads
-                alive = buffer._uid[batch["index"].numpy()] == uid  # not overwritten by the writer meanwhile
-                leaves = buffer._sum_tree.leaves[batch["index"].numpy()]
-            np.testing.assert_array_equal(leaves[alive], (uid % 5 + 0.5)[alive])
+            buffer.update(uid % 5 + 0.5, unique_id=uid)  # this batch's samples, whatever the thread drew since
+            priority = buffer.priority(uid)  # NaN for a sample the writer has overwritten meanwhile
+            alive = ~np.isnan(priority)
+            np.testing.assert_array_equal(priority[alive], (uid % 5 + 0.5)[alive])
             delivered.append(batch["unique_id"])
         assert len(delivered) == 40 == loader.delivered
     finally:

@@ -1,8 +1,12 @@
-"""ColumnStorage's packed block of small columns: layout, and gathers equal to per-column indexing."""
+"""ColumnStorage: the packed block of small columns (layout, gathers equal to per-column indexing), compressed
+columns, and the pool of large batch arrays."""
+
+import gc
 
 import numpy as np
 import torch
 
+from nervex.data.pool import ArrayPool
 from nervex.data.storage import PACK_ROW_BYTES, ColumnStorage
 
 
@@ -86,3 +90,41 @@ def test_large_batches_reuse_released_arrays_but_never_held_ones():
     reused = buffer.sample(32)
     assert reused["obs"].data_ptr() == first
     np.testing.assert_array_equal(reused["obs"].numpy(), frames[reused["index"].numpy()])
+
+
+def test_compressing_a_dict_compresses_its_leaves():
+    storage = ColumnStorage(4, compress_fields=["obs"])
+    storage.init_schema({"obs": {"image": np.zeros((8, 8), np.uint8), "pos": np.float32(0)}, "r": 0.0})
+    assert [c.compressed for c in storage.columns] == [True, True, False]
+
+
+def test_pool_never_hands_out_memory_a_live_batch_holds():
+    pool = ArrayPool(size=4)
+    shape = (16, 4, 40, 40)  # 100 KB: large enough to be pooled
+    holders = [  # what a learner may keep of a batch: its tensors, slices and views of them, NumPy views
+        lambda a: torch.from_numpy(a),
+        lambda a: torch.from_numpy(a)[1:3],
+        lambda a: torch.from_numpy(a).numpy()[::2],
+        lambda a: a[2:],
+        lambda a: a.reshape(-1)[5:],
+        lambda a: memoryview(a),
+    ]
+    held, pooled = [], set()
+    for i, hold in enumerate(holders):
+        array = pool.empty(shape, np.uint8)
+        array[...] = i
+        pooled.add(array.ctypes.data)
+        held.append(hold(array))
+        del array
+    gc.collect()
+    for _ in range(20):  # new arrays, from the pool or beyond its size, never overlap what is held
+        fresh = pool.empty(shape, np.uint8)
+        assert not any(np.shares_memory(fresh, np.asarray(h)) for h in held)
+        fresh[...] = 255
+        del fresh
+    for i, h in enumerate(held):
+        assert (np.asarray(h) == i).all()  # what is held was never written over
+    held.clear()
+    gc.collect()
+    again = [pool.empty(shape, np.uint8) for _ in range(4)]  # released: the pooled memory is handed out again
+    assert {a.ctypes.data for a in again} <= pooled and len({a.ctypes.data for a in again}) == 4
