@@ -5,12 +5,13 @@ Each row builds both libraries on the same env with the same network sizes and b
 "sample a batch from the replay buffer, compute the losses, step the optimizers, move the targets" on both sides
 (nervex: ``buffer.sample`` + ``learner.train`` + priority update if any; SB3: ``model.train(gradient_steps, ...)``);
 for PPO one update is one minibatch step of a rollout's epochs (nervex: ``learner.train`` on minibatches of the
-collated rollout; SB3: ``model.train()`` divided by its ``n_epochs x minibatches``). The libraries alternate repeat by
-repeat in one process, with the same ``torch.set_num_threads``; the figure is the median of the repeats.
+collated rollout; SB3: ``model.train()`` divided by its ``n_epochs x minibatches``). Both libraries are built in one
+process with the same ``torch.set_num_threads`` and timed in alternating blocks (``--blocks`` per repeat); the
+figures are the median rate over all blocks and the median ratio of back-to-back block pairs.
 
     python bench/update_speed.py                          # every row whose nervex policy exists, 2 threads
     python bench/update_speed.py --rows sac td3 --threads 2 --updates 500 --repeats 5
-    python bench/update_speed.py --rows sac --device cuda --obs-dim 17 --action-dim 6   # HalfCheetah-size inputs
+    python bench/update_speed.py --rows sac_halfcheetah td3_halfcheetah --device cuda   # HalfCheetah-size inputs
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Row:
         sb3_algo: SB3's class name.
         overrides: ``--set``-style overrides laid over nervex's config (network sizes, batch, warm-up).
         sb3_kwargs: SB3 constructor keywords giving the same networks and batch.
+        requires: A module the row's env needs (``mujoco``); the row is skipped without it.
     """
 
     name: str
@@ -49,6 +51,7 @@ class Row:
     sb3_algo: str
     overrides: Tuple[str, ...]
     sb3_kwargs: Dict[str, Any] = field(default_factory=dict)
+    requires: Optional[str] = None
 
     @property
     def on_policy(self) -> bool:
@@ -87,6 +90,27 @@ ROWS: Dict[str, Row] = {
             ),
             dict(batch_size=256, policy_kwargs=dict(net_arch=[256, 256]), learning_starts=WARMUP),
         ),
+        *(
+            Row(
+                f"{algo.lower()}_halfcheetah",
+                algo.lower(),
+                config,
+                "HalfCheetah-v5",  # 17 observations, 6 actions
+                algo,
+                (
+                    "env.env_id=HalfCheetah-v5",
+                    "policy.model.hidden_sizes=[256,256]",
+                    "policy.learn.batch_size=256",
+                    f"policy.learn.learning_starts={WARMUP}",
+                ),
+                dict(batch_size=256, policy_kwargs=dict(net_arch=[256, 256]), learning_starts=WARMUP),
+                requires="mujoco",
+            )
+            for algo, config in (
+                ("SAC", "app_zoo/mujoco/config/halfcheetah_sac.yaml"),
+                ("TD3", "app_zoo/mujoco/config/inverted_pendulum_td3.yaml"),
+            )
+        ),
         Row(
             "dqn",
             "dqn",
@@ -115,9 +139,20 @@ ROWS: Dict[str, Row] = {
 }
 
 
-# ---- nervex ----------------------------------------------------------------------------------------------------------
-def nervex_rate(row: Row, updates: int, device: str, seed: int) -> float:
-    """nervex gradient updates per second on ``row`` (after a real warm-up fills the buffer or a rollout)."""
+DEFAULT_ROWS = ("sac", "td3", "dqn", "ppo")  # the HalfCheetah-size rows are for a GPU: ask for them with --rows
+
+
+# ---- the two libraries, built once per repeat -----------------------------------------------------------------------
+# A runner builds one library on the row (buffer filled, or a rollout collected, and a few updates run so allocator
+# and kernel caches are warm) and returns ``(run, close)``: ``run(n)`` performs at least ``n`` gradient updates and
+# returns how many it performed.
+Runner = Tuple[Callable[[int], int], Callable[[], None]]
+
+
+def nervex_runner(row: Row, device: str, seed: int) -> Runner:
+    """nervex on ``row``: ``learner.train`` on buffer samples (off-policy) or on the collated rollout (on-policy)."""
+    import contextlib
+
     import torch
 
     from nervex.config import apply_overrides, read_config
@@ -131,41 +166,40 @@ def nervex_rate(row: Row, updates: int, device: str, seed: int) -> float:
         f"num_threads={torch.get_num_threads()}",
     ]
     cfg = apply_overrides(read_config(os.path.join(ROOT, row.config)), overrides)
-    with tempfile.TemporaryDirectory() as run_root:
-        with SerialTrainer(cfg, seed=seed, exp_name=f"update_speed_{row.name}", run_root=run_root) as trainer:
-            trainer.logger.setLevel("WARNING")
-            setting = trainer.policy.command_mode.get_setting_learn(trainer.command_info())
-            if row.on_policy:
-                samples = trainer.actor.collect(trainer.contract.collect, {})
-                batch = collate(samples)
+    stack = contextlib.ExitStack()
+    run_root = stack.enter_context(tempfile.TemporaryDirectory())
+    trainer = stack.enter_context(SerialTrainer(cfg, seed=seed, exp_name=f"update_speed_{row.name}", run_root=run_root))
+    trainer.logger.setLevel("WARNING")
+    setting = trainer.policy.command_mode.get_setting_learn(trainer.command_info())
+    if row.on_policy:
+        batch = collate(trainer.actor.collect(trainer.contract.collect, {}))
 
-                def one_update() -> None:
-                    trainer.learner.train(batch, trainer.env_step, setting)
+        def one_update() -> None:
+            trainer.learner.train(batch, trainer.env_step, setting)
 
-            else:
-                while trainer.env_step < WARMUP + 100:
-                    trainer.train()
-                batch_size = trainer.contract.learn.batch_size
+    else:
+        while trainer.env_step < WARMUP + 100:
+            trainer.train()
+        batch_size = trainer.contract.learn.batch_size
 
-                def one_update() -> None:
-                    data = trainer.buffer.sample(batch_size, learner_iter=trainer.train_iter)
-                    info = trainer.learner.train(data, trainer.env_step, setting)
-                    if "priority" in info:
-                        trainer.buffer.update(info["priority"], unique_id=data["unique_id"])
+        def one_update() -> None:
+            data = trainer.buffer.sample(batch_size, learner_iter=trainer.train_iter)
+            info = trainer.learner.train(data, trainer.env_step, setting)
+            if "priority" in info:
+                trainer.buffer.update(info["priority"], unique_id=data["unique_id"])
 
-            for _ in range(min(50, updates)):  # allocator and kernel caches warm
-                one_update()
-            sync(device)
-            start = time.perf_counter()
-            for _ in range(updates):
-                one_update()
-            sync(device)
-            return updates / (time.perf_counter() - start)
+    def run(n: int) -> int:
+        for _ in range(n):
+            one_update()
+        sync(device)
+        return n
+
+    run(50)
+    return run, stack.close
 
 
-# ---- Stable-Baselines3 -----------------------------------------------------------------------------------------------
-def sb3_rate(row: Row, updates: int, device: str, seed: int) -> float:
-    """SB3 gradient updates per second on ``row`` with the same networks and batch."""
+def sb3_runner(row: Row, device: str, seed: int) -> Runner:
+    """SB3 on ``row``: ``model.train`` (off-policy: ``gradient_steps`` updates; on-policy: a rollout's epochs)."""
     import stable_baselines3 as sb3
 
     algo = getattr(sb3, row.sb3_algo)
@@ -176,24 +210,25 @@ def sb3_rate(row: Row, updates: int, device: str, seed: int) -> float:
         model = algo("MlpPolicy", env, seed=seed, device=device, verbose=0, **row.sb3_kwargs)
         model.learn(total_timesteps=row.sb3_kwargs["n_steps"] * 8)  # one rollout collected (and trained on once)
         per_call = model.n_epochs * -(-model.n_steps * 8 // model.batch_size)
-        calls = max(1, updates // per_call)
-        model.train()
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(calls):
-            model.train()
-        sync(device)
-        env.close()
-        return calls * per_call / (time.perf_counter() - start)
-    model = algo("MlpPolicy", row.env_id, seed=seed, device=device, verbose=0, **row.sb3_kwargs)
-    model.learn(total_timesteps=WARMUP + 100)  # fills the buffer (and sets up the logger train() writes to)
-    model.train(gradient_steps=min(50, updates), batch_size=model.batch_size)
-    sync(device)
-    start = time.perf_counter()
-    model.train(gradient_steps=updates, batch_size=model.batch_size)
-    sync(device)
-    model.get_env().close()
-    return updates / (time.perf_counter() - start)
+
+        def run(n: int) -> int:
+            calls = max(1, -(-n // per_call))
+            for _ in range(calls):
+                model.train()
+            sync(device)
+            return calls * per_call
+
+    else:
+        model = algo("MlpPolicy", row.env_id, seed=seed, device=device, verbose=0, **row.sb3_kwargs)
+        model.learn(total_timesteps=WARMUP + 100)  # fills the buffer (and sets up the logger train() writes to)
+
+        def run(n: int) -> int:
+            model.train(gradient_steps=n, batch_size=model.batch_size)
+            sync(device)
+            return n
+
+    run(50)
+    return run, lambda: model.get_env().close()
 
 
 def sync(device: str) -> None:
@@ -205,46 +240,74 @@ def sync(device: str) -> None:
 
 # ---- driver ----------------------------------------------------------------------------------------------------------
 def available(row: Row) -> bool:
-    """Whether nervex has the row's policy and config (rows of algorithms still to come are skipped)."""
+    """Whether nervex has the row's policy and config and its env can run (rows of algorithms still to come, or
+    whose env's package is missing, are skipped)."""
+    import importlib.util
+
     import nervex.policy  # noqa: F401  (registers the built-in policies)
     from nervex.utils import POLICY_REGISTRY
 
+    if row.requires and importlib.util.find_spec(row.requires) is None:
+        return False
     return row.policy in POLICY_REGISTRY.names() and os.path.exists(os.path.join(ROOT, row.config))
 
 
+RUNNERS: Dict[str, Callable[[Row, str, int], Runner]] = {"nervex": nervex_runner, "sb3": sb3_runner}
+
+
 def measure(
-    rows: Sequence[Row], libs: Sequence[str], updates: int, repeats: int, device: str
+    rows: Sequence[Row], libs: Sequence[str], updates: int, repeats: int, device: str, blocks: int = 10
 ) -> Dict[str, Dict[str, List[float]]]:
-    """``{row: {lib: [updates/s per repeat]}}``, the libraries alternating within each repeat."""
-    runners: Dict[str, Callable[[Row, int, str, int], float]] = {"nervex": nervex_rate, "sb3": sb3_rate}
+    """``{row: {lib: [updates/s of each timed block]}}``.
+
+    Each repeat builds every library once, then times ``updates`` updates per library in ``blocks`` blocks,
+    alternating the libraries block by block (and which goes first). Block ``i`` of one library and block ``i`` of
+    the other ran back to back, so load from other processes that comes and goes falls on both alike: their ratio is
+    the robust figure (:func:`report`).
+    """
     rates: Dict[str, Dict[str, List[float]]] = {}
+    per_block = max(1, updates // blocks)
     for row in rows:
         rates[row.name] = {lib: [] for lib in libs}
         for rep in range(repeats):
-            for lib in libs:
-                rate = runners[lib](row, updates, device, rep)
-                rates[row.name][lib].append(rate)
-                print(f"  {row.name} repeat {rep}: {lib:6s} {rate:8,.0f} updates/s", flush=True)
+            runners = {lib: RUNNERS[lib](row, device, rep) for lib in libs}
+            try:
+                for block in range(blocks):
+                    for lib in libs if block % 2 == 0 else list(reversed(libs)):
+                        start = time.perf_counter()
+                        done = runners[lib][0](per_block)
+                        rates[row.name][lib].append(done / (time.perf_counter() - start))
+            finally:
+                for _, close in runners.values():
+                    close()
+            summary = "  ".join(f"{lib} {statistics.median(rates[row.name][lib][-blocks:]):,.0f}/s" for lib in libs)
+            print(f"  {row.name} repeat {rep}: median of its blocks {summary}", flush=True)
     return rates
 
 
 def report(rates: Dict[str, Dict[str, List[float]]], threads: int, device: str) -> None:
-    print(f"\nupdates/s, median of repeats ({device}, torch threads {threads}):")
-    print("| row | nervex | SB3 | nervex / SB3 |")
-    print("|---|---|---|---|")
+    """Median updates/s per library over all blocks, and the quartiles of the per-block ratio nervex / SB3."""
+    print(f"\nupdates/s, median over blocks ({device}, torch threads {threads}); nervex / SB3 per block pair:")
+    print("| row | nervex | SB3 | nervex / SB3 (median) | ratio quartiles |")
+    print("|---|---|---|---|---|")
     for name, by_lib in rates.items():
         med = {lib: statistics.median(v) for lib, v in by_lib.items() if v}
-        ratio = f"{med['nervex'] / med['sb3']:.2f}x" if {"nervex", "sb3"} <= set(med) else ""
         cells = [f"{med[lib]:,.0f}" if lib in med else "" for lib in ("nervex", "sb3")]
-        print(f"| {name} | {cells[0]} | {cells[1]} | {ratio} |")
+        ratio = quartiles = ""
+        if {"nervex", "sb3"} <= set(med):
+            pairs = [a / b for a, b in zip(by_lib["nervex"], by_lib["sb3"])]
+            q1, q2, q3 = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else (pairs[0],) * 3
+            ratio, quartiles = f"{statistics.median(pairs):.2f}x", f"{q1:.2f}-{q3:.2f}"
+        print(f"| {name} | {cells[0]} | {cells[1]} | {ratio} | {quartiles} |")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(DEFAULT_ROWS))
     parser.add_argument("--only", choices=("nervex", "sb3"), default=None)
     parser.add_argument("--updates", type=int, default=300, help="timed updates per repeat")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--blocks", type=int, default=10, help="alternating timed blocks per repeat")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for both libraries")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
@@ -257,9 +320,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if available(ROWS[name]):
             rows.append(ROWS[name])
         else:
-            print(f"skipping {name}: nervex has no '{ROWS[name].policy}' policy or no {ROWS[name].config} yet")
+            print(
+                f"skipping {name}: no '{ROWS[name].policy}' policy, no {ROWS[name].config} or no {ROWS[name].requires}"
+            )
     libs = [args.only] if args.only else ["nervex", "sb3"]
-    report(measure(rows, libs, args.updates, args.repeats, args.device), args.threads, args.device)
+    report(measure(rows, libs, args.updates, args.repeats, args.device, args.blocks), args.threads, args.device)
     return 0
 
 

