@@ -23,6 +23,7 @@ from .contract import (
 from .ddpg import DDPGPolicy
 from .dqn import DQNPolicy
 from .ppo import PPOPolicy
+from .rainbow import RainbowPolicy
 from .sac import SACPolicy
 from .td3 import TD3Policy
 
@@ -49,4 +50,5 @@ __all__ = [
     "DDPGPolicy",
     "TD3Policy",
     "SACPolicy",
+    "RainbowPolicy",
 ]
