@@ -7,7 +7,6 @@ collect and eval agents, the optional running observation and reward normalizers
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -99,7 +98,7 @@ class ActorCriticPolicy(Policy):
             self._obs_rms = RunningMeanStd(obs_shape_of(cfg.model) or ())
         if norm.reward:
             self._reward_norm = ReturnNormalizer(self._gamma, clip=float(norm.clip_reward))
-        self._adder = Adder(unroll_len=1)
+        self._adder = Adder(kind="gae", gamma=self._gamma, gae_lambda=self._gae_lambda, keep=SAMPLE_FIELDS)
 
     def _agent(self, plugin: Optional[str] = None, **kwargs: Any) -> Agent:
         agent = Agent(self._model)
@@ -152,22 +151,6 @@ class ActorCriticPolicy(Policy):
             env_id = int(agent_output["env_id"])
             transition["reward"] = self._reward_norm.scale(env_id, float(timestep.reward), timestep.done)
         return transition
-
-    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
-        """GAE advantages and value targets for one env's trajectory (its last value bootstrapped by the actor).
-
-        Raises:
-            RuntimeError: the trajectory ends mid-episode without ``next_value`` (the actor did not bootstrap it).
-        """
-        traj = list(traj_cache)
-        if not traj:
-            return []
-        if not traj[-1]["done"] and "next_value" not in traj[-1]:
-            raise RuntimeError(
-                "an actor-critic trajectory cut mid-episode needs 'next_value' from the actor's bootstrap"
-            )
-        samples = self._adder.get_gae(traj, 0.0, self._gamma, self._gae_lambda)
-        return [{key: sample[key] for key in SAMPLE_FIELDS} for sample in samples]
 
     def _init_eval(self) -> None:
         self._eval_agent = (

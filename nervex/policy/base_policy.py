@@ -31,6 +31,7 @@ from easydict import EasyDict
 
 from nervex.agent import Agent
 from nervex.config import ConfigError, compile_section, merge_defaults
+from nervex.rl_utils.adder import Adder, TrajectoryAdder
 from nervex.torch_utils import collate, to_device
 from nervex.utils import MODEL_REGISTRY, POLICY_REGISTRY
 
@@ -229,8 +230,11 @@ class Policy(ABC):
     @abstractmethod
     def _process_transition(self, obs: Any, agent_output: Output, timestep: Any) -> Dict[str, Any]: ...
 
-    @abstractmethod
-    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]: ...
+    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
+        """nerveX's contract: turn an env's trajectory cache into train samples (popping what it consumed). Only
+        for policies without a streaming ``self._adder``; the cache is handed over every ``collect.traj_len``
+        transitions and at an episode's end."""
+        raise NotImplementedError
 
     @abstractmethod
     def _init_eval(self) -> None: ...
@@ -400,12 +404,29 @@ class Policy(ABC):
         return CollectMode(
             self._collect_forward,
             self._process_transition,
-            self._get_train_sample,
+            self._collect_adder(),
             self._bootstrap_forward if self._has_bootstrap() else None,
             self._reset_collect,
-            _as_traj_len(self._traj_len),
             self.load_state_dict,
         )
+
+    def _collect_adder(self) -> Any:
+        """The collect mode's adder: ``self._adder`` when it streams (built with ``kind=``); a ``TrajectoryAdder``
+        over ``_get_train_sample`` for a policy that implements it (nerveX's contract). Built once."""
+        adder = getattr(self, "_stream_adder", None)
+        if adder is not None:
+            return adder
+        if type(self)._get_train_sample is not Policy._get_train_sample:
+            adder = TrajectoryAdder(self._get_train_sample, _as_traj_len(self._traj_len))
+        else:
+            adder = getattr(self, "_adder", None)
+            if not isinstance(adder, Adder) or adder.kind is None:
+                raise TypeError(
+                    f"{type(self).__name__}: _init_collect must set self._adder = Adder(kind=...) "
+                    f"('nstep', 'gae' or 'sequence'), or the policy must implement _get_train_sample(traj_cache)"
+                )
+        self._stream_adder = adder
+        return adder
 
     @property
     def eval_mode(self) -> EvalMode:

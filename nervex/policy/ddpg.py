@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
@@ -98,16 +97,13 @@ class DDPGPolicy(CommonPolicy):
         self._acting = DeterministicActing(self._model, self._cfg, self._use_cuda)
 
     def _init_collect(self) -> None:
-        self._traj_len = self._acting.traj_len
+        self._adder = self._acting.adder
 
     def _forward_collect(self, data_id: List[int], data: Any) -> Output:
         return self._acting.collect(data_id, data)
 
     def _reset_collect(self, data_id: Optional[List[int]] = None) -> None:
         self._acting.reset(data_id)
-
-    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
-        return self._acting.train_sample(traj_cache)
 
     def _init_eval(self) -> None:
         pass  # the eval agent is part of self._acting

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
@@ -45,7 +44,6 @@ class DQNPolicy(CommonPolicy):
             loss=Field("mse", choices=("mse", "huber")),
             grad_clip=Field(0.0, ge=0),  # max gradient norm; 0 turns clipping off
         ),
-        collect=dict(traj_len=Field(1, ge=1)),
         command=dict(
             eps=dict(
                 type=Field("exp", choices=("exp", "linear")),
@@ -125,9 +123,7 @@ class DQNPolicy(CommonPolicy):
     def _init_collect(self) -> None:
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
-        # n-step targets look nstep - 1 transitions ahead, so a trajectory holds that many more
-        self._traj_len = int(self._cfg.collect.traj_len) + self._nstep - 1
-        self._adder = Adder(self._use_cuda, unroll_len=1)
+        self._adder = Adder(self._use_cuda, kind="nstep", nstep=self._nstep, gamma=self._gamma)
         self._collect_agent = Agent(self._model)
         self._collect_agent.add_plugin("main", "eps_greedy_sample")
         self._collect_agent.add_plugin("main", "grad", enable_grad=False)
@@ -135,16 +131,6 @@ class DQNPolicy(CommonPolicy):
     def _forward_collect(self, data_id: List[int], data: Any, eps: float = 0.0) -> Output:
         self._collect_agent.mode(train=False)
         return self._collect_agent.forward(data, eps=eps)
-
-    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
-        if traj_cache[-1]["done"]:
-            # the episode is over: every remaining transition becomes a sample now
-            data = list(traj_cache)
-            traj_cache.clear()
-        else:
-            data = self._adder.get_traj(traj_cache, self._traj_len, return_num=self._nstep - 1)
-        data = self._adder.get_nstep_return_data(data, self._nstep, gamma=self._gamma)
-        return self._adder.get_train_sample(data)
 
     # ---- eval ------------------------------------------------------------------------------------------------
     def _init_eval(self) -> None:

@@ -6,7 +6,6 @@ used by a worker (``tests/entry/test_mode_members.py``).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
 
 import torch
@@ -28,18 +27,17 @@ class CollectMode(NamedTuple):
     """What an actor uses.
 
     ``forward(data_id, {env_id: obs}, **setting) -> {env_id: output}``; ``process_transition(obs, output, timestep)``
-    builds one transition; ``get_train_sample(traj)`` turns an env's trajectory into train samples; ``bootstrap``
-    (None when the policy needs none) evaluates observations that are not acted on (the last of a rollout, the final
-    one of a truncated episode) in one batched call; ``traj_len`` is how many transitions an off-policy trajectory
-    holds before it is handed over.
+    builds one transition; ``adder`` (``nervex.rl_utils.Adder``, or a ``TrajectoryAdder`` over the policy's own
+    ``_get_train_sample``) owns the trajectories and turns transitions into train samples (``add_first / add /
+    flush``); ``bootstrap`` (None when the policy needs none) evaluates observations that are not acted on (the last
+    of a rollout, the final one of a truncated episode) in one batched call.
     """
 
     forward: Callable[..., Dict[int, Output]]
     process_transition: Callable[[Any, Output, Any], Dict[str, Any]]
-    get_train_sample: Callable[[deque], List[Dict[str, Any]]]
+    adder: Any
     bootstrap: Optional[Callable[[List[int], Mapping[int, Any]], Dict[int, Output]]]
     reset: Callable[[Optional[List[int]]], None]
-    traj_len: float
     load_state_dict: Callable[[Mapping[str, Any]], None]
 
 

@@ -6,7 +6,6 @@ Each function takes what it works on as arguments; none reads a policy's private
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -31,7 +30,7 @@ AC_CONFIG: Dict[str, Any] = dict(
         target_theta=Field(0.005, gt=0, le=1),  # Polyak rate tau of the target copies
         grad_clip=Field(0.0, ge=0),  # max gradient norm of each optimizer; 0 turns clipping off
     ),
-    collect=dict(n_sample=8, traj_len=Field(1, ge=1)),
+    collect=dict(n_sample=8),
 )
 
 # The exploration noise of the deterministic actors (DDPG, TD3), in the [-1, 1] action space (SB3's action noise).
@@ -126,18 +125,6 @@ def noise_plugin(noise: Mapping[str, Any], low: torch.Tensor, high: torch.Tensor
     return "gaussian_noise", dict(sigma=noise["sigma"], low=low, high=high)
 
 
-def nstep_train_sample(adder: Adder, traj_cache: deque, traj_len: int, nstep: int, gamma: float) -> List[Dict]:
-    """n-step samples from an env's trajectory cache (the last ``nstep - 1`` transitions stay for the next call
-    unless the episode is over); each carries ``value_gamma`` so a truncated window bootstraps correctly."""
-    if traj_cache[-1]["done"]:
-        data = list(traj_cache)
-        traj_cache.clear()
-    else:
-        data = adder.get_traj(traj_cache, traj_len, return_num=nstep - 1)
-    data = adder.get_nstep_return_data(data, nstep, gamma=gamma)
-    return adder.get_train_sample(data)
-
-
 def nstep_terms(data: Mapping[str, Any]) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """``(reward, terminated, value_gamma)`` of a batch: rewards time first.
 
@@ -164,8 +151,7 @@ class DeterministicActing:
 
     Args:
         model: The QAC (its action bounds clip the noisy actions).
-        cfg: The compiled ``policy`` section (``discount_factor``, ``nstep``, ``collect.traj_len``,
-            ``collect.noise``).
+        cfg: The compiled ``policy`` section (``discount_factor``, ``nstep``, ``collect.noise``).
         use_cuda: Whether samples are moved to the GPU (the Adder's setting).
     """
 
@@ -173,9 +159,7 @@ class DeterministicActing:
         self.model = model
         self.gamma = float(cfg["discount_factor"])
         self.nstep = int(cfg["nstep"])
-        # n-step targets look nstep - 1 transitions ahead, so a trajectory holds that many more
-        self.traj_len = int(cfg["collect"]["traj_len"]) + self.nstep - 1
-        self.adder = Adder(use_cuda, unroll_len=1)
+        self.adder = Adder(use_cuda, kind="nstep", nstep=self.nstep, gamma=self.gamma)
         noise = cfg["collect"]["noise"]
         self.noise_per_env = noise["type"] == "ou"
         plugin, kwargs = noise_plugin(noise, model.action_low, model.action_high)
@@ -196,6 +180,3 @@ class DeterministicActing:
     def reset(self, data_id: Optional[List[int]] = None) -> None:
         """Restart the noise processes of ``data_id`` (all envs when None)."""
         self.collect_agent.reset(data_id)
-
-    def train_sample(self, traj_cache: deque) -> List[Dict]:
-        return nstep_train_sample(self.adder, traj_cache, self.traj_len, self.nstep, self.gamma)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections import deque
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
@@ -18,7 +17,7 @@ from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
-from .off_policy_ac import nstep_terms, nstep_train_sample
+from .off_policy_ac import nstep_terms
 
 _NOT_DISTRIBUTIONAL = (
     "rainbow learns return distributions (C51) and needs a distributional model: set "
@@ -87,7 +86,6 @@ class RainbowPolicy(CommonPolicy):
             double=True,
             grad_clip=Field(0.0, ge=0),  # max gradient norm; 0 turns clipping off
         ),
-        collect=dict(traj_len=Field(1, ge=1)),
         command=dict(
             eps=dict(
                 enabled=Field(None, kind="bool"),  # null: on only when the model has no noisy layers
@@ -187,9 +185,7 @@ class RainbowPolicy(CommonPolicy):
     def _init_collect(self) -> None:
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
-        # n-step targets look nstep - 1 transitions ahead, so a trajectory holds that many more
-        self._traj_len = int(self._cfg.collect.traj_len) + self._nstep - 1
-        self._adder = Adder(self._use_cuda, unroll_len=1)
+        self._adder = Adder(self._use_cuda, kind="nstep", nstep=self._nstep, gamma=self._gamma)
         self._collect_agent = Agent(self._model)
         self._collect_agent.add_plugin("main", "eps_greedy_sample")
         self._collect_agent.add_plugin("main", "grad", enable_grad=False)
@@ -198,9 +194,6 @@ class RainbowPolicy(CommonPolicy):
         # NoisyNet explores through its noise: a noisy model acts in training mode (a new draw per forward)
         self._collect_agent.mode(train=self._noisy)
         return self._collect_agent.forward(data, eps=eps)
-
-    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
-        return nstep_train_sample(self._adder, traj_cache, self._traj_len, self._nstep, self._gamma)
 
     # ---- eval ------------------------------------------------------------------------------------------------
     def _init_eval(self) -> None:

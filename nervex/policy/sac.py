@@ -4,7 +4,6 @@ target entropy."""
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
@@ -24,7 +23,6 @@ from .off_policy_ac import (
     inference_agent,
     make_adam,
     nstep_terms,
-    nstep_train_sample,
     polyak_agent,
     step,
 )
@@ -164,8 +162,7 @@ class SACPolicy(CommonPolicy):
     def _init_collect(self) -> None:
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
-        self._traj_len = int(self._cfg.collect.traj_len) + self._nstep - 1
-        self._adder = Adder(self._use_cuda, unroll_len=1)
+        self._adder = Adder(self._use_cuda, kind="nstep", nstep=self._nstep, gamma=self._gamma)
         bounds = dict(low=self._model.action_low, high=self._model.action_high)
         noise = dict(self._cfg.collect.noise)
         self._collect_agent = inference_agent(
@@ -179,9 +176,6 @@ class SACPolicy(CommonPolicy):
 
     def _reset_collect(self, data_id: Optional[List[int]] = None) -> None:
         self._collect_agent.reset(data_id)
-
-    def _get_train_sample(self, traj_cache: deque) -> List[Dict[str, Any]]:
-        return nstep_train_sample(self._adder, traj_cache, self._traj_len, self._nstep, self._gamma)
 
     # ---- eval ------------------------------------------------------------------------------------------------
     def _init_eval(self) -> None:

@@ -16,11 +16,12 @@ from .actor_critic_td import (
     target_policy_smoothing,
     td3_critic_target,
 )
-from .adder import Adder
+from .adder import Adder, TrajectoryAdder
 from .dist_td import categorical_projection, dist_nstep_td_data, dist_nstep_td_error
 from .exploration import epsilon_greedy
 from .gae import gae, gae_data
 from .ppo import ppo_data, ppo_error, ppo_info, ppo_loss
+from .sequence_td import q_nstep_sequence_td_data, q_nstep_sequence_td_error
 from .td import (
     generalized_lambda_returns,
     nstep_return,
@@ -43,6 +44,7 @@ from .vtrace import vtrace_advantages, vtrace_data, vtrace_error, vtrace_loss, v
 
 __all__ = [
     "Adder",
+    "TrajectoryAdder",
     "categorical_projection",
     "dist_nstep_td_data",
     "dist_nstep_td_error",
@@ -56,6 +58,8 @@ __all__ = [
     "q_nstep_td_data",
     "q_nstep_td_error",
     "q_nstep_td_error_with_rescale",
+    "q_nstep_sequence_td_data",
+    "q_nstep_sequence_td_error",
     "td_lambda_data",
     "td_lambda_error",
     "v_1step_td_data",

@@ -1,17 +1,31 @@
-"""Adder: turns the actor's trajectory cache into train samples (see docs/internals.md, "Transitions and train
-samples").
+"""Adder: turns transitions into train samples (see docs/internals.md, "Transitions and train samples").
+
+Two ways in:
+
+- **streaming** (what the actor uses): an Adder built with a ``kind`` owns every env's trajectory buffer. The actor
+  calls ``add_first(env_id)`` when an env starts an episode, ``add(env_id, transition)`` after each step (it returns
+  the samples that transition completed) and ``flush(env_id)`` at the end of an on-policy rollout. The kinds:
+
+  - ``'nstep'``: one n-step transition per step (reward window zero-padded to ``nstep``, ``value_gamma``), emitted
+    as soon as its window is complete, the episode's tail at its end;
+  - ``'gae'``: on-policy transitions with ``adv`` and ``return``, emitted at an episode's end and by ``flush``;
+  - ``'sequence'``: overlapping sequences of ``burnin + unroll_len + lookahead`` steps, with the recurrent state at
+    each sequence's start, for recurrent and V-trace learners (``_sequences`` explains the layout).
+
+- **functional** (the nerveX API, for policies that implement ``_get_train_sample(traj_cache)`` themselves):
+  ``get_traj``, ``get_nstep_return_data``, ``get_gae`` and ``get_train_sample`` transform lists of transitions.
 
 Samples are NumPy and Python values (the replay buffer converts them to tensors); ``get_gae`` calls ``gae`` with
-NumPy arrays, so the arithmetic lives in one place. The Adder never mutates the transitions it is given, because ``get_traj`` pushes the same
-transition objects back into the cache so that consecutive trajectories overlap; every method that changes a field
-returns new (shallow-copied) dicts.
+NumPy arrays, so the arithmetic lives in one place. The Adder never mutates the transitions it is given (the actor
+keeps references to them, and ``get_traj`` pushes the same objects back into a cache); every method that changes a
+field returns new (shallow-copied) dicts.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,6 +34,7 @@ from .gae import gae, gae_data
 Transition = Dict[str, Any]
 # Fields a window's sample takes from the window's last transition rather than from its first.
 _WINDOW_END_KEYS = ("next_obs", "terminated", "truncated", "done")
+KINDS = ("nstep", "gae", "sequence")
 
 
 class Adder:
@@ -27,21 +42,205 @@ class Adder:
 
     Args:
         use_cuda: Stored for the policy's use (it moves batches to the GPU); the Adder itself stays on NumPy.
-        unroll_len: Length of the sequences ``get_train_sample`` returns; 1 returns transitions as they are.
+        unroll_len: Sequence length: of ``get_train_sample``'s chunks (1 returns transitions as they are), and of a
+            ``'sequence'`` sample's learning window.
+        kind: What ``add``/``flush`` produce: ``'nstep'``, ``'gae'`` or ``'sequence'``; None for an Adder used only
+            through the functional methods.
+        nstep: ``'nstep'``: window length.
+        gamma: ``'nstep'``: the discount of ``value_gamma`` (omitted: no ``value_gamma``); ``'gae'``: required.
+        gae_lambda: ``'gae'``: GAE's lambda (required).
+        burnin: ``'sequence'``: steps before each learning window that only warm up the recurrent state.
+        lookahead: ``'sequence'``: steps after each learning window (n-step targets, a V-trace bootstrap).
+        first_only: ``'sequence'``: fields taken from a sequence's first step instead of stacked over its steps
+            (the recurrent state the actor had there).
+        keep: Fields a sample keeps (None: all); applied to every kind's samples.
 
     Example:
-        >>> adder = Adder(use_cuda=False, unroll_len=1)
-        >>> data = adder.get_traj(traj_cache, traj_len=64, return_num=nstep - 1)
-        >>> data = adder.get_nstep_return_data(data, nstep, gamma=0.99)
-        >>> samples = adder.get_train_sample(data)
+        >>> adder = Adder(kind="nstep", nstep=3, gamma=0.99)
+        >>> adder.add_first(env_id=0)
+        >>> samples = adder.add(0, transition)  # [] until a window of 3 steps (or the episode) is complete
+
+    Raises:
+        ValueError: an unknown ``kind``, or a setting out of range or missing for the kind.
     """
 
-    def __init__(self, use_cuda: bool = False, unroll_len: int = 1) -> None:
+    def __init__(
+        self,
+        use_cuda: bool = False,
+        unroll_len: int = 1,
+        *,
+        kind: Optional[str] = None,
+        nstep: int = 1,
+        gamma: Optional[float] = None,
+        gae_lambda: Optional[float] = None,
+        burnin: int = 0,
+        lookahead: int = 0,
+        first_only: Sequence[str] = ("prev_state",),
+        keep: Optional[Sequence[str]] = None,
+    ) -> None:
         if unroll_len < 1:
             raise ValueError(f"Adder: unroll_len must be >= 1, got {unroll_len}")
+        if kind is not None and kind not in KINDS:
+            raise ValueError(f"Adder: unknown kind {kind!r}; valid: {', '.join(KINDS)}")
+        if nstep < 1:
+            raise ValueError(f"Adder: nstep must be >= 1, got {nstep}")
+        if burnin < 0 or lookahead < 0:
+            raise ValueError(f"Adder: burnin and lookahead must be >= 0, got burnin={burnin}, lookahead={lookahead}")
+        if kind == "gae" and (gamma is None or gae_lambda is None):
+            raise ValueError("Adder(kind='gae') needs gamma and gae_lambda")
         self.use_cuda = use_cuda
-        self.unroll_len = unroll_len
+        self.unroll_len = int(unroll_len)
+        self.kind = kind
+        self.nstep = int(nstep)
+        self.gamma = None if gamma is None else float(gamma)
+        self.gae_lambda = None if gae_lambda is None else float(gae_lambda)
+        self.burnin = int(burnin)
+        self.lookahead = int(lookahead)
+        self.first_only = tuple(first_only)
+        self.keep = None if keep is None else tuple(keep)
+        # per env: the transitions not yet emitted (or still needed by a later sample), oldest first
+        self._traj: Dict[int, List[Transition]] = {}
+        # 'sequence' per env: (episode step of _traj[0], episode step where the next learning window starts)
+        self._position: Dict[int, Tuple[int, int]] = {}
 
+    @property
+    def sequence_len(self) -> int:
+        """Steps of a ``'sequence'`` sample: ``burnin + unroll_len + lookahead``."""
+        return self.burnin + self.unroll_len + self.lookahead
+
+    # ---- streaming ------------------------------------------------------------------------------------------
+    def _require_kind(self, method: str) -> None:
+        if self.kind is None:
+            raise RuntimeError(
+                f"Adder.{method} needs an Adder built with kind= ({', '.join(KINDS)}); this one only has the "
+                f"functional methods (get_traj, get_nstep_return_data, get_gae, get_train_sample)"
+            )
+
+    def add_first(self, env_id: int) -> None:
+        """An episode starts in env ``env_id``: whatever the env's buffer holds (an episode cut by an env crash) is
+        dropped."""
+        self._require_kind("add_first")
+        self._traj.pop(env_id, None)
+        self._position.pop(env_id, None)
+
+    def reset(self) -> None:
+        """Drop every env's buffer (the actor restarts its envs)."""
+        self._traj.clear()
+        self._position.clear()
+
+    def pending(self, env_id: int) -> int:
+        """Transitions of ``env_id`` held (not yet emitted, or kept for a later sample's burn-in)."""
+        return len(self._traj.get(env_id, ()))
+
+    def add(self, env_id: int, transition: Transition) -> List[Transition]:
+        """Add one env's next transition; return the samples it completed (possibly none).
+
+        The transition needs ``done`` (and ``terminated``/``truncated``); ``'nstep'`` needs ``reward`` (and
+        ``next_obs`` for the sample to have one), ``'gae'`` needs ``value`` and, for a truncated transition, the
+        actor's ``next_value``; ``'sequence'`` uses ``next_obs`` to pad after an episode's end.
+        """
+        self._require_kind("add")
+        traj = self._traj.setdefault(env_id, [])
+        traj.append(transition)
+        if self.kind == "nstep":
+            return self._keep(self._add_nstep(traj))
+        if self.kind == "sequence":
+            return self._keep(self._add_sequence(env_id, traj))
+        if transition["done"]:  # 'gae': an episode's end needs no bootstrap beyond what the actor stored
+            return self.flush(env_id)
+        return []
+
+    def flush(self, env_id: int) -> List[Transition]:
+        """Emit what can be emitted now. ``'gae'``: the env's whole buffer (the last transition, unless done, must
+        hold the actor's ``next_value``); the buffer is emptied. Other kinds keep incomplete windows for later and
+        return nothing."""
+        self._require_kind("flush")
+        if self.kind != "gae":
+            return []
+        traj = self._traj.pop(env_id, None)
+        if not traj:
+            return []
+        if not traj[-1]["done"] and "next_value" not in traj[-1]:
+            raise RuntimeError(
+                f"Adder.flush: env {env_id}'s trajectory ends mid-episode without 'next_value'; the actor must "
+                f"bootstrap V(next_obs) of a rollout's last transition before flushing"
+            )
+        return self._keep(self.get_gae(traj, 0.0, self.gamma, self.gae_lambda))
+
+    def _keep(self, samples: List[Transition]) -> List[Transition]:
+        if self.keep is None or not samples:
+            return samples
+        return [{key: sample[key] for key in self.keep} for sample in samples]
+
+    def _add_nstep(self, traj: List[Transition]) -> List[Transition]:
+        if traj[-1]["done"]:
+            samples = [self._nstep_sample(traj, i, self.nstep, self.gamma) for i in range(len(traj))]
+            traj.clear()
+            return samples
+        if len(traj) < self.nstep:
+            return []
+        sample = self._nstep_sample(traj, 0, self.nstep, self.gamma)
+        del traj[0]
+        return [sample]
+
+    def _add_sequence(self, env_id: int, traj: List[Transition]) -> List[Transition]:
+        """Learning windows tile the episode: window k learns episode steps ``[k U, k U + U)``. Its sample covers
+        steps ``[s, s + T)``, ``T = burnin + U + lookahead``, with ``b = min(burnin, k U)`` burn-in steps before the
+        window (fewer at an episode's start, where the stored state is the episode's initial one) and
+        ``s = k U - b``. It is emitted once step ``s + b + U + lookahead - 1`` is added, or at the episode's end,
+        padded (``_sequence_sample``)."""
+        offset, learn = self._position.get(env_id, (0, 0))
+        samples = []
+        end = offset + len(traj)  # episode steps held: [offset, end)
+        done = bool(traj[-1]["done"])
+        while learn < end and (done or learn + self.unroll_len + self.lookahead <= end):
+            b = min(self.burnin, learn)
+            start = learn - b
+            stop = min(learn + self.unroll_len + self.lookahead, end)
+            samples.append(self._sequence_sample(traj[start - offset : stop - offset], b))
+            learn += self.unroll_len
+        if done:
+            self._traj.pop(env_id, None)
+            self._position.pop(env_id, None)
+            return samples
+        keep_from = learn - min(self.burnin, learn)  # the next sample's first step
+        if keep_from > offset:
+            del traj[: keep_from - offset]
+            offset = keep_from
+        self._position[env_id] = (offset, learn)
+        return samples
+
+    def _sequence_sample(self, steps: List[Transition], burnin: int) -> Transition:
+        """Stack ``steps`` into one sample of ``sequence_len`` steps.
+
+        Every field gets a leading time axis, except ``next_obs`` (dropped) and the ``first_only`` fields (from the
+        first step). Steps past the given ones are padding: copies of the last step with ``obs`` set to its
+        ``next_obs`` (so the observation after an episode's last step, a truncated end's bootstrap, is in the
+        sample) and zero reward. ``mask`` marks real steps; ``burnin`` is how many steps precede the learning window.
+        """
+        length = self.sequence_len
+        real = len(steps)
+        if real < length:
+            last = steps[-1]
+            pad = {k: v for k, v in last.items()}
+            if "next_obs" in last:
+                pad["obs"] = last["next_obs"]
+            if "reward" in last:
+                pad["reward"] = np.zeros_like(np.asarray(last["reward"], dtype=np.float32))
+            steps = list(steps) + [pad] * (length - real)
+        first = steps[0]
+        drop = set(self.first_only) | {"next_obs"}
+        sample = _stack_dicts([{k: v for k, v in step.items() if k not in drop} for step in steps])
+        for key in self.first_only:
+            if key in first:
+                sample[key] = first[key]
+        mask = np.zeros(length, dtype=np.float32)
+        mask[:real] = 1.0
+        sample["mask"] = mask
+        sample["burnin"] = np.int64(burnin)
+        return sample
+
+    # ---- functional (nerveX) API ------------------------------------------------------------------------------
     def get_traj(self, traj_cache: deque, traj_len: float, return_num: int = 0) -> List[Transition]:
         """Pop up to ``traj_len`` transitions from the left of the cache; push the last ``return_num`` back.
 
@@ -260,3 +459,46 @@ def _stack_dicts(chunk: List[Dict[str, Any]]) -> Dict[str, Any]:
             array = np.stack([np.asarray(v) for v in values])
             stacked[key] = array.astype(np.float32) if array.dtype == np.float64 else array
     return stacked
+
+
+class TrajectoryAdder:
+    """The streaming interface over a policy's own ``_get_train_sample(traj_cache)`` (nerveX's contract).
+
+    Keeps one deque per env; hands it to ``get_train_sample`` when it holds ``traj_len`` transitions or an episode
+    ends (the function pops what it consumed, as ``Adder.get_traj`` does), and once more at ``flush``; a cache whose
+    episode ended, or that was flushed, is emptied afterwards.
+
+    Args:
+        get_train_sample: The policy's ``_get_train_sample``.
+        traj_len: Transitions a cache holds before it is handed over (``inf``: until the episode ends).
+    """
+
+    kind = "trajectory"
+
+    def __init__(self, get_train_sample: Callable[[deque], List[Transition]], traj_len: float) -> None:
+        self._get_train_sample = get_train_sample
+        self.traj_len = traj_len
+        self._cache: Dict[int, deque] = {}
+
+    def add_first(self, env_id: int) -> None:
+        self._cache.pop(env_id, None)
+
+    def reset(self) -> None:
+        self._cache.clear()
+
+    def pending(self, env_id: int) -> int:
+        return len(self._cache.get(env_id, ()))
+
+    def add(self, env_id: int, transition: Transition) -> List[Transition]:
+        cache = self._cache.setdefault(env_id, deque())
+        cache.append(transition)
+        if not transition["done"] and len(cache) < self.traj_len:
+            return []
+        samples = list(self._get_train_sample(cache))
+        if transition["done"]:
+            cache.clear()
+        return samples
+
+    def flush(self, env_id: int) -> List[Transition]:
+        cache = self._cache.pop(env_id, None)
+        return list(self._get_train_sample(cache)) if cache else []

@@ -1,7 +1,6 @@
 """The policy contract: declared defaults and contract, portable state, settings, batching, optimizers."""
 
 import warnings
-from collections import deque
 
 import numpy as np
 import pytest
@@ -227,7 +226,18 @@ def test_a_policy_without_a_default_model_says_how_to_name_one():
     assert type(built.model).__name__ == "FCDiscreteNet"
 
 
-def test_on_policy_samples_get_train_sample_batches_gae():
+def test_on_policy_rollout_cut_mid_episode_needs_the_actors_bootstrap():
     policy = PPOPolicy({"policy_type": "ppo", "model": {"obs_dim": 4, "action_dim": 2}})
-    with pytest.raises(RuntimeError, match="needs 'next_value'"):
-        policy.collect_mode.get_train_sample(deque([{"done": False, "value": 0.0}]))
+    adder = policy.collect_mode.adder
+    assert adder is policy.collect_mode.adder  # one Adder per policy: it owns the trajectories
+    assert adder.add(0, {"done": False, "terminated": False, "truncated": False, "value": 0.0, "reward": 1.0}) == []
+    with pytest.raises(RuntimeError, match="env 0's trajectory ends mid-episode without 'next_value'"):
+        adder.flush(0)
+
+
+def test_a_policy_with_neither_a_streaming_adder_nor_get_train_sample_is_told_what_to_write():
+    class NoAdder(SettingProbe):
+        _get_train_sample = Policy._get_train_sample
+
+    with pytest.raises(TypeError, match=r"NoAdder: _init_collect must set self._adder = Adder\(kind=...\)"):
+        _ = NoAdder({"policy_type": "noadder"}).collect_mode

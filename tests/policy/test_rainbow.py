@@ -212,7 +212,8 @@ def test_rainbow_defaults_are_the_full_rainbow_network():
     head = policy.model.head
     assert isinstance(head, DistributionalHead) and hasattr(head, "value_head")
     assert any(isinstance(m, NoisyLinear) for m in head.modules())
-    assert policy.collect_mode.traj_len == 1 + 3 - 1  # nstep 3 looks two transitions ahead
+    adder = policy.collect_mode.adder
+    assert (adder.kind, adder.nstep) == ("nstep", 3)
 
 
 def test_non_distributional_model_is_refused_naming_the_key(tmp_path):

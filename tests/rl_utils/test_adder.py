@@ -5,7 +5,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from nervex.rl_utils import Adder
+from nervex.rl_utils import Adder, TrajectoryAdder
 
 GAMMA = 0.9
 
@@ -267,3 +267,193 @@ def test_get_gae_vector_value_per_agent():
     np.testing.assert_allclose(samples[0]["adv"], [1.5 + 0.25 * -2.0, 1.0 + 0.25 * -3.0])
     np.testing.assert_allclose(samples[1]["adv"], [-2.0, -3.0])
     np.testing.assert_allclose(samples[1]["return"], [-2.0 + 3.0, -3.0 + 4.0])
+
+
+# ---- streaming: add_first / add / flush -------------------------------------------------------------------------
+def stream(adder, transitions, env_id=0):
+    """Feed transitions one by one; return (samples per add, all samples)."""
+    adder.add_first(env_id)
+    per_add, samples = [], []
+    for transition in transitions:
+        out = adder.add(env_id, transition)
+        per_add.append(len(out))
+        samples.extend(out)
+    return per_add, samples
+
+
+# name, rewards, end, nstep, samples emitted by each add, transitions still held after the last add
+NSTEP_STREAM_CASES = [
+    ("episode shorter than n", [1.0, 2.0], "terminated", 3, [0, 2], 0),
+    ("windows emitted as they complete", [1.0, 2.0, 3.0, 4.0, 5.0], None, 3, [0, 0, 1, 1, 1], 2),
+    ("truncated at step 3 empties the buffer", [1.0, 2.0, 3.0], "truncated", 3, [0, 0, 3], 0),
+    ("nstep 1 emits every step", [1.0, 2.0, 3.0], None, 1, [1, 1, 1], 0),
+]
+
+
+@pytest.mark.parametrize(
+    "name, rewards, end, nstep, per_add, held", NSTEP_STREAM_CASES, ids=[c[0] for c in NSTEP_STREAM_CASES]
+)
+def test_nstep_stream(name, rewards, end, nstep, per_add, held):
+    data = make_traj(rewards, end)
+    before = snapshot(data)
+    adder = Adder(kind="nstep", nstep=nstep, gamma=GAMMA)
+    got, samples = stream(adder, data)
+    assert got == per_add and adder.pending(0) == held
+    # the same samples as the functional API gives for the whole trajectory
+    expected = Adder().get_nstep_return_data(data, nstep, gamma=GAMMA)
+    assert len(samples) == len(expected)
+    for sample, want in zip(samples, expected):
+        assert sample["obs"] is want["obs"] and sample["next_obs"] is want["next_obs"]
+        np.testing.assert_array_equal(sample["reward"], want["reward"])
+        assert sample["value_gamma"] == want["value_gamma"] and sample["done"] == want["done"]
+    assert adder.flush(0) == []  # n-step windows wait for more steps
+    assert_not_mutated(data, before)
+
+
+# name, episode length, end, (unroll_len, burnin, lookahead), per add: emitted samples, expected samples as
+# (burnin, obs per step, mask); obs past the episode's end is the final next_obs (length, here)
+SEQUENCE_CASES = [
+    (
+        "episode shorter than a sequence",
+        2,
+        "terminated",
+        (2, 1, 1),
+        [0, 1],
+        [(0, [0, 1, 2, 2], [1, 1, 0, 0])],
+    ),
+    (
+        "overlapping sequences, burn-in from the previous window",
+        5,
+        "terminated",
+        (2, 1, 1),
+        [0, 0, 1, 0, 2],
+        [(0, [0, 1, 2, 3], [1, 1, 1, 0]), (1, [1, 2, 3, 4], [1, 1, 1, 1]), (1, [3, 4, 5, 5], [1, 1, 0, 0])],
+    ),
+    (
+        "cut mid-episode keeps incomplete windows",
+        5,
+        None,
+        (2, 1, 1),
+        [0, 0, 1, 0, 1],
+        [(0, [0, 1, 2, 3], [1, 1, 1, 0]), (1, [1, 2, 3, 4], [1, 1, 1, 1])],
+    ),
+    (
+        "truncated inside the next window's burn-in: no window without learning steps",
+        2,
+        "truncated",
+        (2, 2, 0),
+        [0, 1],
+        [(0, [0, 1, 2, 2], [1, 1, 0, 0])],
+    ),
+    (
+        "truncated after one step of a window: its bootstrap obs follows it",
+        3,
+        "truncated",
+        (2, 2, 1),
+        [0, 0, 2],
+        [(0, [0, 1, 2, 3, 3], [1, 1, 1, 0, 0]), (2, [0, 1, 2, 3, 3], [1, 1, 1, 0, 0])],
+    ),
+    (
+        "IMPALA layout: unroll + 1 bootstrap step, no burn-in",
+        4,
+        "terminated",
+        (2, 0, 1),
+        [0, 0, 1, 1],
+        [(0, [0, 1, 2], [1, 1, 1]), (0, [2, 3, 4], [1, 1, 0])],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name, length, end, dims, per_add, expected", SEQUENCE_CASES, ids=[c[0] for c in SEQUENCE_CASES]
+)
+def test_sequence_stream(name, length, end, dims, per_add, expected):
+    unroll_len, burnin, lookahead = dims
+    data = make_traj([float(i) for i in range(length)], end, prev_state=[np.full(2, 10.0 * i) for i in range(length)])
+    before = snapshot(data)
+    adder = Adder(unroll_len=unroll_len, kind="sequence", burnin=burnin, lookahead=lookahead)
+    got, samples = stream(adder, data)
+    assert got == per_add
+    assert [int(s["burnin"]) for s in samples] == [e[0] for e in expected]
+    for sample, (_, obs, mask) in zip(samples, expected):
+        assert sample["obs"].shape == (adder.sequence_len, 1) and sample["obs"].dtype == np.float32
+        assert sample["obs"][:, 0].tolist() == obs
+        assert sample["mask"].tolist() == mask and sample["mask"].dtype == np.float32
+        assert "next_obs" not in sample
+        # the recurrent state stored is the one the actor had at the sequence's first step
+        np.testing.assert_array_equal(sample["prev_state"], np.full(2, 10.0 * obs[0]))
+        real = int(sum(mask))
+        assert sample["reward"][real:].tolist() == [0.0] * (len(mask) - real)  # padding earns nothing
+        if end is not None and obs[-1] == length:  # padded after the episode's end: its flags
+            assert bool(sample["done"][-1]) and bool(sample[end][-1])
+    assert_not_mutated(data, before)
+
+
+def test_sequence_stream_holds_only_what_later_samples_need():
+    adder = Adder(unroll_len=4, kind="sequence", burnin=2, lookahead=1)
+    stream(adder, make_traj([0.0] * 50))
+    # the next window learns from step 48: its sample starts 2 burn-in steps earlier
+    assert adder.pending(0) == 50 - 46
+
+
+def test_envs_do_not_mix_and_a_crash_drops_the_partial_episode():
+    adder = Adder(kind="nstep", nstep=2, gamma=GAMMA)
+    a, b = make_traj([1.0, 2.0, 3.0]), make_traj([7.0, 8.0], start=100)
+    assert adder.add(0, a[0]) == [] and adder.add(1, b[0]) == []
+    (sample,) = adder.add(0, a[1])
+    assert sample["reward"].tolist() == [1.0, 2.0]
+    adder.add_first(1)  # env 1 crashed and restarted: its half episode is gone
+    assert adder.pending(1) == 0 and adder.add(1, b[1]) == []
+    (sample,) = adder.add(0, a[2])
+    assert sample["reward"].tolist() == [2.0, 3.0] and sample["obs"][0] == 1.0
+
+
+def test_gae_stream_emits_at_an_episode_end_and_on_flush():
+    adder = Adder(kind="gae", gamma=0.5, gae_lambda=0.5, keep=("obs", "adv", "return"))
+    episode = make_traj([1.0, 1.0, 1.0], "terminated", value=[np.float32(v) for v in (1.0, 2.0, 3.0)])
+    got, samples = stream(adder, episode)
+    assert got == [0, 0, 3] and set(samples[0]) == {"obs", "adv", "return"}
+    expected = Adder().get_gae(episode, 0.0, gamma=0.5, gae_lambda=0.5)
+    np.testing.assert_allclose([s["adv"] for s in samples], [e["adv"] for e in expected])
+    cut = make_traj([1.0, 1.0], value=[np.float32(1.0), np.float32(2.0)])
+    stream(adder, cut)
+    with pytest.raises(RuntimeError, match="ends mid-episode without 'next_value'"):
+        adder.flush(0)
+    cut[-1]["next_value"] = 10.0  # the actor's bootstrap
+    stream(adder, cut)
+    flushed = adder.flush(0)
+    # delta1 = 1 + 0.5 * 10 - 2 = 4 = adv1; delta0 = 1 + 0.5 * 2 - 1 = 1, adv0 = 1 + 0.25 * 4 = 2; return = adv + value
+    assert [float(s["return"]) for s in flushed] == pytest.approx([3.0, 6.0])
+    assert adder.pending(0) == 0 and adder.flush(0) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(kind="nsteps"), "unknown kind 'nsteps'; valid: nstep, gae, sequence"),
+        (dict(kind="gae", gamma=0.9), r"kind='gae'\) needs gamma and gae_lambda"),
+        (dict(kind="sequence", burnin=-1), "burnin and lookahead must be >= 0"),
+        (dict(kind="nstep", nstep=0), "nstep must be >= 1, got 0"),
+    ],
+)
+def test_bad_streaming_settings_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Adder(**kwargs)
+
+
+def test_functional_only_adder_refuses_to_stream():
+    with pytest.raises(RuntimeError, match=r"Adder.add needs an Adder built with kind="):
+        Adder().add(0, make_traj([1.0])[0])
+
+
+def test_trajectory_adder_hands_the_cache_over_at_traj_len_and_episode_end():
+    calls = []
+
+    def get_train_sample(cache):
+        calls.append(len(cache))
+        return Adder().get_nstep_return_data(Adder().get_traj(cache, 3, return_num=1), 2, gamma=GAMMA)
+
+    adder = TrajectoryAdder(get_train_sample, traj_len=3)
+    got, samples = stream(adder, make_traj([1.0, 2.0, 3.0, 4.0, 5.0], "terminated"))
+    assert calls == [3, 3] and got == [0, 0, 2, 0, 3]
+    assert [s["obs"][0] for s in samples] == [0.0, 1.0, 2.0, 3.0, 4.0] and adder.pending(0) == 0

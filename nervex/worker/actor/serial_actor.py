@@ -35,15 +35,17 @@ def action_clipper(space: Optional[gym.Space]) -> Callable[[Any], Any]:
 class SerialActor:
     """Collects train samples in the main process, in the unit the policy's contract names (``CollectSpec``).
 
-    Each env has a trajectory cache. A transition goes into its env's cache; the cache is handed to the policy's
-    ``get_train_sample`` (n-step returns, GAE... through its Adder):
+    Each transition goes to the policy's Adder (``collect_mode.adder``), which owns the trajectories and returns
+    the train samples each transition completes (n-step transitions, GAE rollouts, sequences). The actor only
+    provides what needs the policy's forward: a truncated transition gets ``next_<field>`` from one batched
+    ``collect_mode.bootstrap`` call before it reaches the Adder, and so does the last transition of an on-policy
+    rollout before the Adder is flushed.
 
-    - unit ``sample`` (off-policy): when the cache holds ``collect_mode.traj_len`` transitions or the episode ends;
-      a cache not yet handed over carries into the next call;
-    - unit ``rollout`` (on-policy): after exactly ``n`` steps of every env, every cache at once, after one batched
-      ``collect_mode.bootstrap`` call has added ``next_value`` (etc.) to each truncated transition and to each
-      cache's last one; nothing carries over (an env whose process crashed keeps only the steps since its restart);
-    - unit ``episode``: at each episode's end; on-policy collection restarts the envs at each call.
+    - unit ``sample`` (off-policy): ``n`` env steps; the samples the Adder emitted meanwhile (incomplete windows
+      carry into the next call);
+    - unit ``rollout`` (on-policy): exactly ``n`` steps of every env, then every env's Adder buffer is flushed;
+      nothing carries over (an env whose process crashed keeps only the steps since its restart);
+    - unit ``episode``: until ``n`` episodes ended; on-policy collection restarts the envs at each call.
 
     Args:
         cfg: The ``actor`` section.
@@ -76,13 +78,11 @@ class SerialActor:
         self._callbacks = callbacks
         self._writer = data_writer
         self._seed = int(seed)
-        self._traj_cache: Dict[int, Deque[Transition]] = defaultdict(deque)
+        self._adder = collect_mode.adder
         self._episode_buffer: Dict[int, List[Transition]] = defaultdict(list)
         self._pending: Dict[int, Tuple[Any, Dict[str, Any]]] = {}
-        # transitions waiting for a bootstrap value: (transition, the observation after it)
-        self._needs_value: Dict[int, List[Tuple[Transition, Any]]] = defaultdict(list)
-        self._last_next_obs: Dict[int, Any] = {}
-        self._last_done: Dict[int, bool] = {}
+        # per env: its last transition and the observation after it (a rollout's end bootstraps from it)
+        self._last: Dict[int, Tuple[Transition, Any]] = {}
         self._act_space: Optional[gym.Space] = None
         self._clip: Optional[Callable[[Any], Any]] = None
         self.env_step = 0
@@ -108,15 +108,15 @@ class SerialActor:
     def reset(self) -> None:
         """Restart every env and forget unfinished trajectories."""
         self._env.reset()
-        self._traj_cache.clear()
+        self._adder.reset()
         self._episode_buffer.clear()
         self._pending.clear()
-        self._needs_value.clear()
-        self._last_done.clear()
+        self._last.clear()
         self._policy.reset(None)
         self._action_space()
         self._started = True
         for env_id in self._env.ready_obs:
+            self._adder.add_first(env_id)
             self._callback("on_episode_start", env_id)
 
     # ---- collecting --------------------------------------------------------------------------------------------
@@ -179,27 +179,27 @@ class SerialActor:
         samples: List[Transition] = []
         steps = 0
         while steps < n:
-            ready: List[int] = []
-            for env_id, obs, output, timestep in self._step(setting, random_action):
-                if self._record(env_id, obs, output, timestep):
-                    steps += 1
-                    cache = self._traj_cache[env_id]
-                    if timestep.done or len(cache) >= self._policy.traj_len:
-                        ready.append(env_id)
-            self._hand_over(ready, samples)
+            steps += self._record_step(self._step(setting, random_action), samples)
         return samples
 
     def _collect_rollout(self, n: int, setting: Dict[str, Any]) -> List[Transition]:
         counts = {env_id: 0 for env_id in range(self._env.env_num)}
+        samples: List[Transition] = []
         while True:
             active = {env_id for env_id, count in counts.items() if count < n}
             if not active:
                 break
-            for env_id, obs, output, timestep in self._step(setting, False, only=active):
-                if self._record(env_id, obs, output, timestep):
-                    counts[env_id] += 1
-        samples: List[Transition] = []
-        self._hand_over(sorted(counts), samples, clear=True)  # on-policy: nothing carries into the next rollout
+            self._record_step(self._step(setting, False, only=active), samples, counts)
+        # on-policy: nothing carries into the next rollout; a rollout cut mid-episode bootstraps from its last obs
+        cut = [
+            self._last[env_id]
+            for env_id in sorted(counts)
+            if env_id in self._last and not self._last[env_id][0]["done"]
+        ]
+        if cut and self._policy.bootstrap is not None:
+            self._bootstrap(cut)
+        for env_id in sorted(counts):
+            samples.extend(self._adder.flush(env_id))
         return samples
 
     def _collect_episodes(
@@ -210,34 +210,53 @@ class SerialActor:
         samples: List[Transition] = []
         episodes = self.episode_count
         while self.episode_count - episodes < n:
-            ready: List[int] = []
-            for env_id, obs, output, timestep in self._step(setting, random_action):
-                if self._record(env_id, obs, output, timestep):
-                    cache = self._traj_cache[env_id]
-                    if timestep.done or (not restart and len(cache) >= self._policy.traj_len):
-                        ready.append(env_id)
-            self._hand_over(ready, samples)
+            self._record_step(self._step(setting, random_action), samples)
         return samples
 
+    def _record_step(
+        self,
+        results: List[Tuple[int, Any, Dict[str, Any], Any]],
+        samples: List[Transition],
+        counts: Optional[Dict[int, int]] = None,
+    ) -> int:
+        """Record one env-manager step's timesteps, bootstrap its truncated transitions (one batched call), feed
+        them to the Adder and append what it emits to ``samples``. Returns how many transitions were recorded."""
+        recorded: List[Tuple[int, Transition, Any]] = []
+        for env_id, obs, output, timestep in results:
+            transition = self._record(env_id, obs, output, timestep)
+            if transition is not None:
+                recorded.append((env_id, transition, timestep))
+                if counts is not None:
+                    counts[env_id] += 1
+        if self._policy.bootstrap is not None:
+            truncated = [
+                (transition, timestep.obs)
+                for _, transition, timestep in recorded
+                if timestep.info.get("truncated", False) and not timestep.info.get("terminated", False)
+            ]
+            if truncated:
+                self._bootstrap(truncated)
+        for env_id, transition, timestep in recorded:
+            samples.extend(self._adder.add(env_id, transition))
+            if timestep.done:
+                self._adder.add_first(env_id)
+        return len(recorded)
+
     # ---- one timestep ------------------------------------------------------------------------------------------
-    def _record(self, env_id: int, obs: Any, output: Dict[str, Any], timestep: Any) -> bool:
-        """Turn a timestep into a transition in its env's cache; False when the env crashed (nothing recorded)."""
+    def _record(self, env_id: int, obs: Any, output: Dict[str, Any], timestep: Any) -> Optional[Transition]:
+        """Turn a timestep into a transition (None when the env crashed: nothing recorded)."""
         info = timestep.info
         if info.get("abnormal", False):
             # the env crashed and was restarted: its half-finished episode is dropped, never stitched to the next
             self.abnormal_episodes += 1
-            self._traj_cache[env_id].clear()
-            self._needs_value.pop(env_id, None)
+            self._adder.add_first(env_id)
+            self._last.pop(env_id, None)
             self._episode_buffer.pop(env_id, None)
             self._policy.reset([env_id])
             self._callback("on_episode_start", env_id)
-            return False
+            return None
         transition = self._policy.process_transition(obs, output, timestep)
-        self._traj_cache[env_id].append(transition)
-        self._last_next_obs[env_id] = timestep.obs
-        self._last_done[env_id] = bool(timestep.done)
-        if info.get("truncated", False) and not info.get("terminated", False):
-            self._needs_value[env_id].append((transition, timestep.obs))
+        self._last[env_id] = (transition, timestep.obs)
         if self._writer is not None:
             self._episode_buffer[env_id].append(transition)
         self.env_step += 1
@@ -247,34 +266,11 @@ class SerialActor:
             # a lost life (Atari's episodic life) is done for learning but the game goes on: no episode yet
             if "episode_return" in info:
                 self._end_episode(env_id, info)
-        return True
+        return transition
 
-    def _hand_over(self, env_ids: List[int], samples: List[Transition], clear: bool = False) -> None:
-        """Give the listed envs' trajectories to ``get_train_sample`` (after one batched bootstrap call); a finished
-        episode's cache (or, with ``clear``, every listed cache) is emptied afterwards."""
-        if not env_ids:
-            return
-        if self._policy.bootstrap is not None:
-            self._bootstrap(env_ids)
-        for env_id in env_ids:
-            cache = self._traj_cache[env_id]
-            if cache:
-                samples.extend(self._policy.get_train_sample(cache))
-            if clear or self._last_done.get(env_id, False):
-                cache.clear()
-            self._needs_value.pop(env_id, None)
-
-    def _bootstrap(self, env_ids: List[int]) -> None:
+    def _bootstrap(self, wanted: List[Tuple[Transition, Any]]) -> None:
         """Add ``next_<field>`` from one batched ``bootstrap`` forward to transitions whose next observation is not
-        acted on: truncated ones, and the last one of a trajectory cut before its episode's end."""
-        wanted: List[Tuple[Transition, Any]] = []
-        for env_id in env_ids:
-            cache = self._traj_cache[env_id]
-            wanted.extend(self._needs_value.get(env_id, []))
-            if cache and not self._last_done.get(env_id, False):
-                wanted.append((cache[-1], self._last_next_obs[env_id]))
-        if not wanted:
-            return
+        acted on: truncated ones, and the last one of a rollout cut before its episode's end."""
         keys = list(range(len(wanted)))
         values = self._policy.bootstrap(keys, {k: next_obs for k, (_, next_obs) in zip(keys, wanted)})
         for k, (transition, _) in zip(keys, wanted):

@@ -66,15 +66,15 @@ def by_env(samples: List[dict]) -> Dict[float, List[dict]]:
     return out
 
 
-def test_rollout_is_exactly_t_steps_per_env_with_one_batched_bootstrap():
+def test_rollout_is_exactly_t_steps_per_env_with_batched_bootstraps():
     model = ClockValueModel()
     # env 0 (tag 0): time limit at 3 steps (truncated); env 1 (tag 1): terminates after 2 steps
     actor = actor_for(ppo(model), [dict(env_tag=0.0, episode_len=3, truncate=True), dict(env_tag=1.0, episode_len=2)])
     samples = actor.collect(CollectSpec("rollout", 5))
     assert actor.env_step == 10 and len(samples) == 10
-    # one bootstrap forward for the whole rollout: env 0's truncated final obs (t=3) and last obs (t=2), env 1's
-    # last obs (t=1)
-    assert model.calls["compute_value"] == [3]
+    # a bootstrap forward at the step of env 0's truncation (its final obs, t=3), and one batched forward at the
+    # rollout's end for both envs' last obs (env 0: t=2, env 1: t=1)
+    assert model.calls["compute_value"] == [1, 2]
     env0, env1 = by_env(samples)[0.0], by_env(samples)[1.0]
     assert [float(s["obs"][1]) for s in env0] == [0, 1, 2, 0, 1]
     # gamma 0.5, lambda 1: returns are r + 0.5 * G_next, bootstrapped with V(final obs) = 13 at the truncation
