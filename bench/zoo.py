@@ -121,7 +121,11 @@ class Row:
 
     @property
     def algo(self) -> str:
-        return self.sb3_algo.upper()
+        """The algorithm label: SB3's, or ``nervex's vs SB3's`` where the two differ (Rainbow vs DQN)."""
+        peer = {"ppo_lstm": "RecurrentPPO"}.get(self.sb3_algo, self.sb3_algo.upper())
+        ours = self.name.rsplit("_", 1)[-1]
+        ours = {"rainbow": "Rainbow", "r2d2": "R2D2", "impala": "IMPALA"}.get(ours, ours.upper())
+        return peer if ours == peer else f"{ours} vs {peer}"
 
 
 CARTPOLE = "app_zoo/classic_control/cartpole/config"
@@ -239,6 +243,38 @@ ROWS: Dict[str, Row] = {
             eval_freq=10_000,
             note="SB3 has no Rainbow: the peer is SB3 DQN with the zoo's LunarLander-v3 DQN settings, given the same "
             "300k env steps (the zoo trains it for 100k)",
+        ),
+        Row(
+            "cartpole_no_vel_r2d2",
+            "CartPoleNoVel-v1",
+            f"{CARTPOLE}/cartpole_r2d2.yaml",
+            475,
+            100_000,
+            "ppo_lstm",
+            eval_freq=2000,
+            note="velocity-masked CartPole (cart and pole velocities zeroed); the peer is sb3-contrib's RecurrentPPO with "
+            "the zoo's ppo_lstm CartPoleNoVel-v1 settings",
+        ),
+        Row(
+            "cartpole_impala",
+            "CartPole-v1",
+            f"{CARTPOLE}/cartpole_impala.yaml",
+            450,
+            200_000,
+            "ppo",
+            eval_freq=2000,
+            note="SB3 has no IMPALA: the peer is SB3 PPO with the zoo's CartPole-v1 settings",
+        ),
+        Row(
+            "cartpole_no_vel_impala",
+            "CartPoleNoVel-v1",
+            f"{CARTPOLE}/cartpole_no_vel_impala.yaml",
+            350,
+            200_000,
+            "ppo_lstm",
+            eval_freq=2000,
+            note="IMPALA with an LSTM on the velocity-masked CartPole; the peer is sb3-contrib's RecurrentPPO with the "
+            "zoo's ppo_lstm CartPoleNoVel-v1 settings",
         ),
     )
 }

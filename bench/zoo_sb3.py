@@ -48,6 +48,7 @@ def sb3_algos() -> Dict[str, type]:
         ppo=sb3.PPO,
         sac=sb3.SAC,
         td3=sb3.TD3,
+        ppo_lstm=sb3_contrib.RecurrentPPO,
         qrdqn=sb3_contrib.QRDQN,
         tqc=sb3_contrib.TQC,
         trpo=sb3_contrib.TRPO,
@@ -247,9 +248,12 @@ def _action_noise(kwargs: Dict[str, Any], env: Any) -> Dict[str, Any]:
 
 def make_envs(setup: Sb3Setup, env_id: str, seed: int, evaluation: bool) -> Any:
     """The training vec env (``n_envs``, maybe VecNormalize) or a one-env evaluation env seeded apart."""
+    import gymnasium as gym
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
+    if "NoVel" in env_id and env_id not in gym.registry:
+        import rl_zoo3.import_envs  # noqa: F401  (registers the zoo's velocity-masked envs, e.g. CartPoleNoVel-v1)
     n_envs = 1 if evaluation else setup.n_envs
     env_seed = seed + EVAL_SEED_OFFSET if evaluation else seed
     env = make_vec_env(env_id, n_envs=n_envs, seed=env_seed, env_kwargs=setup.env_kwargs)

@@ -113,7 +113,8 @@ def test_prepare_rejects_what_it_does_not_build():
 def test_every_row_has_a_zoo_entry_or_sb3_settings():
     for row in zoo.ROWS.values():
         if row.sb3_settings is None:
-            assert zoo_sb3.read_zoo_hyperparams(row.sb3_algo, row.zoo_entry)["policy"] == "MlpPolicy", row.name
+            policy = "MlpLstmPolicy" if row.sb3_algo == "ppo_lstm" else "MlpPolicy"
+            assert zoo_sb3.read_zoo_hyperparams(row.sb3_algo, row.zoo_entry)["policy"] == policy, row.name
     assert zoo.ROWS["inverted_pendulum_ppo"].zoo_entry == "InvertedPendulum-v2"
     # the zoo has no InvertedPendulum entry for TD3 or SAC: those rows train SB3's defaults
     for name in ("inverted_pendulum_td3", "inverted_pendulum_sac"):
@@ -122,6 +123,9 @@ def test_every_row_has_a_zoo_entry_or_sb3_settings():
             zoo_sb3.read_zoo_hyperparams(zoo.ROWS[name].sb3_algo, zoo.ROWS[name].env_id)
     assert zoo.ROWS["cartpole_a2c"].budget_of("sb3") == 500_000
     assert zoo.ROWS["cartpole_a2c"].budget_of("nervex") == 100_000
+    assert zoo.ROWS["cartpole_rainbow"].algo == "Rainbow vs DQN" and zoo.ROWS["cartpole_dqn"].algo == "DQN"
+    assert zoo.ROWS["cartpole_no_vel_r2d2"].algo == "R2D2 vs RecurrentPPO"
+    assert zoo_sb3.sb3_algos()["ppo_lstm"].__name__ == "RecurrentPPO"
 
 
 # ---- rows without a zoo entry: SB3's defaults with stated settings ---------------------------------------------------
