@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from nervex.config import Field
+
 from .base_policy import Output, Policy
+
+
+def eps_schedule_config(**extra: Any) -> Dict[str, Any]:
+    """The ``command.eps`` keys of an epsilon-greedy policy (the schedule of ``rl_utils.epsilon_greedy`` over env
+    steps), with a policy's own ``extra`` keys first."""
+    return dict(
+        **extra,
+        type=Field("exp", choices=("exp", "linear")),
+        start=Field(0.95, ge=0, le=1),
+        end=Field(0.05, ge=0, le=1),
+        decay=Field(10000, gt=0),
+    )
 
 
 def standard_transition(obs: Any, agent_output: Output, timestep: Any) -> Dict[str, Any]:
@@ -27,7 +41,7 @@ def standard_transition(obs: Any, agent_output: Output, timestep: Any) -> Dict[s
 class CommonPolicy(Policy):
     """A Policy whose transitions are ``standard_transition`` unless a subclass adds fields.
 
-    Subclasses still implement the learn, collect (``_forward_collect``, ``_get_train_sample``) and eval modes.
+    Subclasses still implement the learn, collect (``_forward_collect``, a streaming ``self._adder``) and eval modes.
     """
 
     def _process_transition(self, obs: Any, agent_output: Output, timestep: Any) -> Dict[str, Any]:

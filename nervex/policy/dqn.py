@@ -12,7 +12,7 @@ from nervex.rl_utils import Adder, epsilon_greedy, q_nstep_td_data, q_nstep_td_e
 from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
-from .common_policy import CommonPolicy
+from .common_policy import CommonPolicy, eps_schedule_config
 
 
 class DQNPolicy(CommonPolicy):
@@ -44,14 +44,7 @@ class DQNPolicy(CommonPolicy):
             loss=Field("mse", choices=("mse", "huber")),
             grad_clip=Field(0.0, ge=0),  # max gradient norm; 0 turns clipping off
         ),
-        command=dict(
-            eps=dict(
-                type=Field("exp", choices=("exp", "linear")),
-                start=Field(0.95, ge=0, le=1),
-                end=Field(0.05, ge=0, le=1),
-                decay=Field(10000, gt=0),
-            )
-        ),
+        command=dict(eps=eps_schedule_config()),
     )
 
     @classmethod

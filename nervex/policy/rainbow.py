@@ -16,7 +16,7 @@ from nervex.rl_utils import Adder, dist_nstep_td_data, dist_nstep_td_error, epsi
 from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
-from .common_policy import CommonPolicy
+from .common_policy import CommonPolicy, eps_schedule_config
 from .off_policy_ac import nstep_terms
 
 _NOT_DISTRIBUTIONAL = (
@@ -86,15 +86,8 @@ class RainbowPolicy(CommonPolicy):
             double=True,
             grad_clip=Field(0.0, ge=0),  # max gradient norm; 0 turns clipping off
         ),
-        command=dict(
-            eps=dict(
-                enabled=Field(None, kind="bool"),  # null: on only when the model has no noisy layers
-                type=Field("exp", choices=("exp", "linear")),
-                start=Field(0.95, ge=0, le=1),
-                end=Field(0.05, ge=0, le=1),
-                decay=Field(10000, gt=0),
-            )
-        ),
+        # eps.enabled null: epsilon-greedy only when the model has no noisy layers
+        command=dict(eps=eps_schedule_config(enabled=Field(None, kind="bool"))),
     )
 
     @classmethod
