@@ -109,27 +109,30 @@ class ArgmaxSamplePlugin(_LogitSamplePlugin):
 class EpsGreedySamplePlugin(_LogitSamplePlugin):
     """Greedy action, replaced with probability ``eps`` by a uniformly random legal action.
 
-    Needs ``Agent.forward(data, eps=...)``. Draws from torch's global RNG, so a seeded run repeats itself.
+    Needs ``Agent.forward(data, eps=...)``: one rate for every row, or one per row (Ape-X's per-actor rates, a
+    sequence or tensor of shape ``(B,)``). Draws from torch's global RNG, so a seeded run repeats itself.
 
     Shapes:
-        ``logit`` ``(B, A)`` -> ``action`` ``(B,)`` int64.
+        ``logit`` ``(B, A)`` -> ``action`` ``(B,)`` int64; ``eps`` a number or ``(B,)``.
     """
 
     name = "eps_greedy_sample"
     forward_kwargs = ("eps",)
 
-    def __call__(self, forward: ForwardFn, data: Any, eps: Optional[float] = None, **kwargs: Any) -> Dict[str, Any]:
+    def __call__(self, forward: ForwardFn, data: Any, eps: Any = None, **kwargs: Any) -> Dict[str, Any]:
         if eps is None:
             raise TypeError("eps_greedy_sample needs the exploration rate: call forward(data, eps=0.1)")
-        eps = float(eps)
-        if not 0.0 <= eps <= 1.0:
-            raise ValueError(f"eps_greedy_sample: eps must be in [0, 1], got {eps}")
+        rate = torch.as_tensor(eps, dtype=torch.float32)
+        if rate.dim() > 1 or not bool(((rate >= 0) & (rate <= 1)).all()):
+            raise ValueError(f"eps_greedy_sample: eps must be in [0, 1] (a number or one per row), got {eps}")
         output = forward(data)
         logit, mask = _masked_logit(output, data, self.name, self.logit_key)
         action = logit.argmax(dim=-1)
-        if eps > 0:
+        if rate.dim() == 1 and rate.shape != action.shape:
+            raise ValueError(f"eps_greedy_sample: {rate.shape[0]} eps values for {tuple(action.shape)} actions")
+        if bool((rate > 0).any()):
             num_actions = logit.shape[-1]
-            explore = torch.rand(action.shape, device=action.device) < eps
+            explore = torch.rand(action.shape, device=action.device) < rate.to(action.device)
             if mask is None:
                 random_action = torch.randint(num_actions, action.shape, device=action.device)
             else:
@@ -246,76 +249,175 @@ class GradPlugin(AgentPlugin):
 
 
 # ---- recurrent state -----------------------------------------------------------------------------------------------
-def _detach(state: Any) -> Any:
-    if isinstance(state, torch.Tensor):
-        return state.detach()
-    if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
-        return type(state)(_detach(s) for s in state)
-    if isinstance(state, dict):
-        return {k: _detach(v) for k, v in state.items()}
-    return state
+def _tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
+    """``fn`` applied leaf by leaf to structures of the same shape (tensors inside dicts, lists and tuples).
+
+    Raises:
+        TypeError: the structures differ (other keys, lengths or container types).
+    """
+    first = trees[0]
+    if isinstance(first, dict):
+        if any(not isinstance(t, dict) or t.keys() != first.keys() for t in trees):
+            raise TypeError(f"expected a dict with keys {sorted(first)}, got {[_describe(t) for t in trees]}")
+        return {k: _tree_map(fn, *(t[k] for t in trees)) for k in first}
+    if isinstance(first, (list, tuple)) and not hasattr(first, "_fields"):
+        if any(not isinstance(t, (list, tuple)) or len(t) != len(first) for t in trees):
+            raise TypeError(f"expected a sequence of {len(first)}, got {[_describe(t) for t in trees]}")
+        return type(first)(_tree_map(fn, *leaves) for leaves in zip(*trees))
+    if any(isinstance(t, (dict, list, tuple)) for t in trees[1:]):
+        raise TypeError(f"expected a tensor, got {[_describe(t) for t in trees]}")
+    return fn(*trees)
+
+
+def _leaves(tree: Any) -> List[torch.Tensor]:
+    out: List[torch.Tensor] = []
+    _tree_map(out.append, tree)
+    return out
+
+
+def _describe(tree: Any) -> str:
+    if isinstance(tree, dict):
+        return f"dict with keys {sorted(tree)}"
+    if isinstance(tree, (list, tuple)):
+        return f"{type(tree).__name__} of {len(tree)}"
+    return type(tree).__name__
+
+
+def _check_state(state: Any, where: str) -> None:
+    """Raise unless ``state`` is a tensor or a dict / list / tuple of tensors (what replay can store)."""
+    leaves = _leaves(state)
+    bad = [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)] or ([] if leaves else ["none"])
+    if bad:
+        raise TypeError(
+            f"hidden_state plugin: {where} must be a tensor or a dict/list/tuple of tensors (a concrete zero state, "
+            f"e.g. init_fn=model.initial_state), got a leaf of type {bad[0]}"
+        )
 
 
 class HiddenStatePlugin(AgentPlugin):
     """Keeps one recurrent state per id (per env) between forward calls.
 
-    ``forward(data, state_id=[...])`` puts the listed ids' states into ``data['prev_state']`` (a list in the order
-    of ``state_id``; all ids in order when ``state_id`` is None) and stores ``output['next_state'][k]`` as the new
-    state of ``state_id[k]``. Stored tensors are detached: gradients do not flow from one call into the next.
+    States are kept batched: every leaf has shape ``(n, *S)`` where ``S`` is the leaf's shape in ``init_fn()`` and
+    ``n`` the number of ids so far (``state_num`` at first; an id beyond it adds fresh states up to it, so a policy
+    need not know how many envs its actor steps). ``forward(data, state_id=[...])`` puts the listed ids' states,
+    stacked on a new leading batch axis in the order of ``state_id`` (every id in order when ``state_id`` is None),
+    into ``data['prev_state']``; the model returns ``output['next_state']`` of the same structure, batch axis first,
+    and row ``k`` becomes the new state of ``state_id[k]``. So the batch axis is the first axis everywhere outside the
+    model: an LSTM's ``(h, c)`` is ``{'h': (B, num_layers, H), 'c': (B, num_layers, H)}`` and the model moves the
+    layer axis where its RNN wants it (see :class:`~nervex.model.DRQN`). Stored tensors are detached: gradients do
+    not flow from one call into the next.
+
+    With ``save_prev_state`` the states that went in are also returned as ``output['prev_state']`` (batch first), so
+    a policy's per-env split of its output gives each env's transition the state its actor had before acting, in
+    the structure of ``init_fn()`` (storable in replay: arrays, never None).
 
     Args:
-        state_num: How many states (ids ``0 .. state_num - 1``).
-        init_fn: Makes a fresh state, at construction and on ``reset``; None by default (the model starts from zero).
-        save_prev_state: Also return the states that went in as ``output['prev_state']`` (to store in transitions).
+        init_fn: Makes one id's fresh state, without a batch axis (at construction, for new ids and on ``reset``):
+            a tensor or a dict/list/tuple of tensors, e.g. ``model.initial_state`` (zeros).
+        state_num: How many ids to make states for at construction (ids ``0 .. state_num - 1``).
+        save_prev_state: Also return the states that went in as ``output['prev_state']``.
+
+    Raises:
+        ValueError: ``state_num`` is not a positive int.
+        TypeError: ``init_fn`` is not callable or returns something other than tensors (None included).
     """
 
     name = "hidden_state"
     forward_kwargs = ("state_id",)
 
-    def __init__(self, state_num: int, init_fn: Callable[[], Any] = lambda: None, save_prev_state: bool = False):
+    def __init__(self, init_fn: Callable[[], Any], state_num: int = 1, save_prev_state: bool = False):
         if isinstance(state_num, bool) or not isinstance(state_num, int) or state_num < 1:
             raise ValueError(f"hidden_state plugin: state_num must be a positive int, got {state_num!r}")
         if not callable(init_fn):
-            raise TypeError(f"hidden_state plugin: init_fn must be a callable taking no arguments, got {init_fn!r}")
-        self.state_num = state_num
+            raise TypeError(
+                f"hidden_state plugin: init_fn must be a callable taking no arguments that returns one id's zero "
+                f"state (e.g. model.initial_state), got {init_fn!r}"
+            )
         self.init_fn = init_fn
-        self.save_prev_state = save_prev_state
-        self._states: List[Any] = [init_fn() for _ in range(state_num)]
+        self.save_prev_state = bool(save_prev_state)
+        self._state = _tree_map(lambda leaf: leaf.detach().unsqueeze(0).repeat_interleave(state_num, 0), self._init())
+
+    @property
+    def state_num(self) -> int:
+        """How many ids have a state (it grows with the largest id seen)."""
+        return int(next(iter(_leaves(self._state))).shape[0])
+
+    def _init(self) -> Any:
+        state = self.init_fn()
+        _check_state(state, "init_fn()")
+        return state
 
     def _ids(self, state_id: Optional[Iterable[int]]) -> List[int]:
+        """The ids as ints (every id when None), after adding fresh states for ids beyond the current count."""
         if state_id is None:
             return list(range(self.state_num))
         ids = [int(i) for i in state_id]
-        bad = [i for i in ids if not 0 <= i < self.state_num]
+        bad = [i for i in ids if i < 0]
         if bad:
-            raise IndexError(f"hidden_state plugin: state_id {bad} out of range 0..{self.state_num - 1}")
+            raise IndexError(f"hidden_state plugin: state_id {bad} is negative; ids are 0, 1, 2...")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"hidden_state plugin: state_id {ids} lists an id twice; one row per id")
+        missing = max(ids, default=-1) + 1 - self.state_num
+        if missing > 0:
+            fresh = self._init()
+            self._state = _tree_map(
+                lambda store, leaf: torch.cat([store, leaf.to(store.device, store.dtype).expand(missing, *leaf.shape)]),
+                self._state,
+                fresh,
+            )
         return ids
 
     @property
     def states(self) -> List[Any]:
-        """The current state of every id (a copy of the list)."""
-        return list(self._states)
+        """The current state of every id, one structure like ``init_fn()``'s per id (copies)."""
+        return [_tree_map(lambda leaf, i=i: leaf[i].clone(), self._state) for i in range(self.state_num)]
+
+    def _write(self, ids: List[int], value: Any) -> None:
+        """Set the states of ``ids`` to the rows of the batched ``value``; the store follows ``value``'s device."""
+
+        def put(store: torch.Tensor, new: Any) -> torch.Tensor:
+            if not isinstance(new, torch.Tensor) or tuple(new.shape) != (len(ids), *store.shape[1:]):
+                got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+                raise ValueError(
+                    f"hidden_state plugin: a next_state leaf is {got}, expected shape {(len(ids), *store.shape[1:])} "
+                    "(batch axis first, one row per state id)"
+                )
+            if store.device != new.device or store.dtype != new.dtype:
+                store = store.to(device=new.device, dtype=new.dtype)
+            store[torch.as_tensor(ids, dtype=torch.long, device=store.device)] = new.detach()
+            return store
+
+        try:
+            self._state = _tree_map(put, self._state, value)
+        except TypeError as e:
+            raise TypeError(
+                f"hidden_state plugin: next_state must have the structure of init_fn()'s state: {e}"
+            ) from None
 
     def __call__(self, forward: ForwardFn, data: Any, state_id: Optional[Iterable[int]] = None, **kwargs: Any):
         if not isinstance(data, dict):
             raise TypeError(f"hidden_state plugin needs dict data to add 'prev_state' to, got {type(data).__name__}")
         ids = self._ids(state_id)
-        prev_state = [self._states[i] for i in ids]
+        # advanced indexing copies, so the model and a stored transition never see later writes to the store
+        prev_state = _tree_map(
+            lambda leaf: leaf[torch.as_tensor(ids, dtype=torch.long, device=leaf.device)], self._state
+        )
         output = forward({**data, "prev_state": prev_state})  # a new dict: the caller's data is left alone
         if not isinstance(output, dict) or "next_state" not in output:
-            raise KeyError("hidden_state plugin needs the model output to hold 'next_state' (one state per id)")
-        next_state = output["next_state"]
-        if len(next_state) != len(ids):
-            raise ValueError(f"hidden_state plugin: got {len(next_state)} next states for {len(ids)} state ids")
-        for i, state in zip(ids, next_state):
-            self._states[i] = _detach(state)
+            raise KeyError("hidden_state plugin needs the model output to hold 'next_state' (batch axis first)")
+        self._write(ids, output["next_state"])
         if self.save_prev_state:
             output["prev_state"] = prev_state
         return output
 
     def reset(self, state_id: Optional[Iterable[int]] = None) -> None:
-        for i in self._ids(state_id):
-            self._states[i] = self.init_fn()
+        ids = self._ids(state_id)
+        fresh = _tree_map(
+            lambda store, leaf: leaf.to(store.device, store.dtype).unsqueeze(0).expand(len(ids), *leaf.shape),
+            self._state,
+            self._init(),
+        )
+        self._write(ids, fresh)
 
     def __repr__(self) -> str:
         return f"HiddenStatePlugin(state_num={self.state_num})"

@@ -7,6 +7,7 @@ import torch.nn as nn
 from nervex.utils import MODEL_REGISTRY
 
 from .discrete_net import ConvDiscreteNet, FCDiscreteNet
+from .drqn import DRQN
 from .head import C51_N_ATOM, C51_V_MAX, C51_V_MIN, DiscreteHead, DistributionalHead
 from .noisy import NoisyLinear, factorized_noise
 from .qac import QAC, BatchedCritics
@@ -32,6 +33,7 @@ def create_model(model_type: str, **kwargs: Any) -> nn.Module:
 __all__ = [
     "FCDiscreteNet",
     "ConvDiscreteNet",
+    "DRQN",
     "DiscreteHead",
     "DistributionalHead",
     "NoisyLinear",

@@ -1,8 +1,14 @@
-"""Actor-critic models for PPO and A2C, with Stable-Baselines3's ``ActorCriticPolicy`` defaults.
+"""Actor-critic models for PPO, A2C and IMPALA, with Stable-Baselines3's ``ActorCriticPolicy`` defaults.
 
-``ValueAC`` is the MLP model for vector observations (discrete or diagonal-Gaussian actions), ``ConvValueAC`` the
-Nature-DQN CNN model for images (discrete actions). Both return a dict from ``forward(x, mode)``; sampling, log-probs
-and entropies belong to the policy, not here.
+``ValueAC`` is the MLP model for vector observations (discrete or diagonal-Gaussian actions), optionally with LSTM
+cores (IMPALA's recurrent agent); ``ConvValueAC`` the Nature-DQN CNN model for images (discrete actions). Both
+return a dict from ``forward(x, mode)``; sampling, log-probs and entropies belong to the policy, not here.
+
+Recurrent state (``ValueAC(lstm_hidden_size=H)``), laid out as ``DRQN``'s: one env's is ``{'h': (R, H), 'c': (R, H)}``
+(``initial_state()``, the ``hidden_state`` plugin's ``init_fn``) with ``R = lstm_layers`` for one shared core and
+``2 * lstm_layers`` for separate policy and value cores (the policy core's layers first); a batch of them, what the
+model takes and returns, the plugin keeps and a replay buffer collates from stored states, is
+``{'h': (B, R, H), 'c': (B, R, H)}``, batch first.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import difflib
 import math
 import operator
-from typing import Dict, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -26,6 +32,7 @@ from .discrete_net import _as_shape, _check_trailing_shape
 ForwardMode = Literal["compute_action", "compute_value", "compute_action_value"]
 FORWARD_MODES: Tuple[str, ...] = ("compute_action", "compute_value", "compute_action_value")
 ACTION_SPACES: Tuple[str, ...] = ("discrete", "continuous")
+RecurrentState = Dict[str, torch.Tensor]  # {'h': ..., 'c': ...}
 
 # Stable-Baselines3's gains (from OpenAI Baselines): hidden layers, action output, value output
 TRUNK_GAIN = math.sqrt(2)
@@ -57,17 +64,26 @@ class ValueAC(nn.Module):
     policy and the value (``net_arch=dict(pi=[64, 64], vf=[64, 64])``), orthogonal initialisation, and for continuous
     actions a state-independent ``log_std`` (``DiagGaussianDistribution``).
 
+    With ``lstm_hidden_size`` the model is recurrent: each trunk feeds its own LSTM core before its head
+    (sb3-contrib's ``RecurrentPPO`` default: the value loss cannot swamp the policy's memory), or with
+    ``share_encoder`` one trunk and one core feed both heads (IMPALA's agent). ``forward`` then takes
+    ``{'obs', 'prev_state'}`` and returns ``next_state`` too (see ``forward``).
+
     Args:
         obs_dim: Observation size, or its shape (flattened).
         action_dim: Number of actions (discrete) or action dimensions (continuous).
         action_space: ``'discrete'`` (outputs ``logit``) or ``'continuous'`` (outputs ``mu`` and ``sigma``).
-        hidden_sizes: Widths of the policy trunk, or of the shared trunk when ``share_encoder``.
-        share_encoder: One trunk feeds both heads; otherwise the policy and the value have their own trunks.
+        hidden_sizes: Widths of the policy trunk, or of the shared trunk when ``share_encoder`` (with an LSTM: the
+            layers before it; may be empty).
+        share_encoder: One trunk (and LSTM core) feeds both heads; otherwise the policy and the value have their
+            own.
         activation: Hidden-layer activation name (see ``nervex.torch_utils.get_activation``).
         ortho_init: Orthogonal weights with gain ``sqrt(2)`` in the trunks, 0.01 for the action head, 1 for the
             value head, zero biases (as SB3); False keeps PyTorch's default initialisation.
         log_std_init: Initial value of every entry of ``log_std`` (continuous only).
         value_hidden_sizes: Widths of the value trunk; None uses ``hidden_sizes``. Only with separate trunks.
+        lstm_hidden_size: Width of an LSTM core after each trunk; None: no core (a feed-forward model).
+        lstm_layers: Stacked LSTM layers of each core.
 
     Attributes:
         encoder: The shared trunk (``nn.Identity`` with separate trunks).
@@ -76,14 +92,18 @@ class ValueAC(nn.Module):
         action_head: Linear layer to ``logit`` or ``mu``.
         value_head: Linear layer to the value.
         log_std: ``(action_dim,)`` parameter, continuous only.
+        core: The policy's (or the shared) ``nn.LSTM`` core; ``None`` without an LSTM.
+        value_core: The value's ``nn.LSTM`` core; ``None`` without an LSTM or with ``share_encoder``.
 
     Raises:
         ValueError: an unknown ``action_space``, a non-positive ``action_dim``, ``value_hidden_sizes`` with
-            ``share_encoder=True`` or a non-zero ``log_std_init`` with discrete actions (both would be ignored).
+            ``share_encoder=True`` or a non-zero ``log_std_init`` with discrete actions (both would be ignored), a
+            non-positive ``lstm_hidden_size`` or ``lstm_layers``.
 
     Shapes:
         ``forward``: ``x`` ``(B, *obs_shape)`` -> ``logit`` / ``mu`` / ``sigma`` ``(B, action_dim)``, ``value``
-        ``(B,)``; extra leading dims (e.g. ``(T, B, ...)``) are kept.
+        ``(B,)``; extra leading dims (e.g. ``(T, B, ...)``) are kept. With an LSTM: one step ``(B, *obs_shape)`` or
+        a time-major sequence ``(T, B, *obs_shape)``.
     """
 
     def __init__(
@@ -97,10 +117,13 @@ class ValueAC(nn.Module):
         ortho_init: bool = True,
         log_std_init: float = 0.0,
         value_hidden_sizes: Optional[Sequence[int]] = None,
+        lstm_hidden_size: Optional[int] = None,
+        lstm_layers: int = 1,
     ) -> None:
         super().__init__()
         if action_space not in ACTION_SPACES:
             raise ValueError(f"ValueAC action_space must be one of {', '.join(ACTION_SPACES)}, got {action_space!r}")
+        recurrent = lstm_hidden_size is not None
         if share_encoder and value_hidden_sizes is not None:
             raise ValueError(
                 "ValueAC value_hidden_sizes applies only with share_encoder=False; "
@@ -112,6 +135,8 @@ class ValueAC(nn.Module):
         self.action_dim = _check_action_dim(action_dim, "ValueAC")
         self.action_space = action_space
         self.share_encoder = bool(share_encoder)
+        self.lstm_hidden_size = _positive_int(lstm_hidden_size, "lstm_hidden_size") if recurrent else None
+        self.lstm_layers = _positive_int(lstm_layers, "lstm_layers") if recurrent else int(lstm_layers)
         in_dim = math.prod(self.obs_shape)
         self.encoder: nn.Module = nn.Identity()
         self.policy_net: nn.Module = nn.Identity()
@@ -126,13 +151,18 @@ class ValueAC(nn.Module):
             value_trunk = MLP(in_dim, value_sizes, activation=activation)
             self.policy_net, self.value_net = policy_trunk, value_trunk
             policy_dim, value_dim = policy_trunk.out_dim, value_trunk.out_dim
+        self.core: Optional[nn.LSTM] = None
+        self.value_core: Optional[nn.LSTM] = None
+        if recurrent:
+            policy_dim = value_dim = self._build_cores(policy_dim, value_dim)
         self.action_head = nn.Linear(policy_dim, self.action_dim)
         self.value_head = nn.Linear(value_dim, 1)
         if action_space == "continuous":
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
         # separate trunks run with their head as one fused MLP (one autograd node each; see fused_mlp)
         self._policy_plan = self._value_plan = None
-        if not self.share_encoder and policy_trunk._fused is not None and value_trunk._fused is not None:
+        fusable = not self.share_encoder and not recurrent
+        if fusable and policy_trunk._fused is not None and value_trunk._fused is not None:
             self._policy_plan = policy_trunk._fused + [(self.action_head, None)]
             self._value_plan = value_trunk._fused + [(self.value_head, None)]
         if ortho_init:
@@ -141,25 +171,56 @@ class ValueAC(nn.Module):
             init_orthogonal_(self.action_head, ACTION_HEAD_GAIN)
             init_orthogonal_(self.value_head, VALUE_HEAD_GAIN)
 
-    def forward(self, x: torch.Tensor, mode: ForwardMode = "compute_action_value") -> Dict[str, torch.Tensor]:
+    def _build_cores(self, policy_dim: int, value_dim: int) -> int:
+        """The LSTM core after the policy (or shared) trunk and, with separate trunks, one after the value trunk;
+        PyTorch's default initialisation (as sb3-contrib's RecurrentPPO). Returns the heads' input width."""
+        self.core = nn.LSTM(policy_dim, self.lstm_hidden_size, self.lstm_layers)
+        if not self.share_encoder:
+            self.value_core = nn.LSTM(value_dim, self.lstm_hidden_size, self.lstm_layers)
+        return self.lstm_hidden_size
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model has an LSTM core (and so takes and returns a recurrent state)."""
+        return self.core is not None
+
+    def forward(
+        self, x: Union[torch.Tensor, Mapping[str, Any]], mode: ForwardMode = "compute_action_value"
+    ) -> Dict[str, Any]:
         """Action-distribution parameters, state value, or both.
 
         Args:
-            x: Observations; integer inputs are cast to float without scaling.
+            x: Observations; integer inputs are cast to float without scaling. With an LSTM, also
+                ``{'obs': observations, 'prev_state': state}`` (what the ``hidden_state`` plugin passes), the state
+                before the first step being ``{'h', 'c'}`` of ``(B, R, H)`` or ``None`` (zeros, as a bare
+                tensor input).
             mode: ``'compute_action'`` (no value), ``'compute_value'`` (only the value; the policy trunk does not
-                run when the trunks are separate) or ``'compute_action_value'``.
+                run when the trunks are separate) or ``'compute_action_value'``. The LSTM cores run in every mode.
 
         Returns:
             Discrete: ``{'logit'}``; continuous: ``{'mu', 'sigma'}`` with ``sigma = exp(log_std)`` (a broadcast
-            view of ``log_std``); plus ``{'value'}`` unless ``mode='compute_action'``.
+            view of ``log_std``); plus ``{'value'}`` unless ``mode='compute_action'``. With an LSTM also
+            ``next_state``: ``{'h', 'c'}`` of ``(B, R, H)``, the state after the last step (``R``: see ``state_rows``).
 
         Raises:
-            ValueError: an unknown ``mode``, or ``x`` whose trailing dims are not ``obs_shape``.
+            ValueError: an unknown ``mode``, ``x`` whose trailing dims are not ``obs_shape`` (with an LSTM: not one
+                step ``(B, *obs_shape)`` or a sequence ``(T, B, *obs_shape)``), or a ``prev_state`` that does not
+                fit the batch.
+            TypeError: a dict input to a model without an LSTM.
 
         Shapes:
             ``x``: ``(B, *obs_shape)``; ``logit``, ``mu``, ``sigma``: ``(B, action_dim)``; ``value``: ``(B,)``.
+            With an LSTM, a time-major sequence ``x`` ``(T, B, *obs_shape)`` gives ``(T, B, action_dim)`` and
+            ``(T, B)``, every step conditioned on the steps before it.
         """
         _check_mode(mode, "ValueAC")
+        if self.core is not None:
+            return self._recurrent_forward(x, mode)
+        if isinstance(x, Mapping):
+            raise TypeError(
+                "ValueAC without an LSTM takes an observation tensor, got a dict; set lstm_hidden_size for a "
+                "recurrent model"
+            )
         _check_trailing_shape(x, self.obs_shape, "ValueAC")
         if not x.is_floating_point():
             x = x.float()
@@ -185,12 +246,91 @@ class ValueAC(nn.Module):
             output["value"] = value.squeeze(-1)
         return output
 
+    def _recurrent_forward(self, x: Union[torch.Tensor, Mapping[str, Any]], mode: str) -> Dict[str, Any]:
+        obs, prev_state = (x["obs"], x.get("prev_state")) if isinstance(x, Mapping) else (x, None)
+        one_step = obs.dim() == len(self.obs_shape) + 1
+        trailing = tuple(obs.shape[obs.dim() - len(self.obs_shape) :])
+        if not (one_step or obs.dim() == len(self.obs_shape) + 2) or trailing != self.obs_shape:
+            dims = ", ".join(map(str, self.obs_shape))
+            raise ValueError(
+                f"ValueAC with an LSTM expects one step (B, {dims}) or a time-major sequence (T, B, {dims}), got "
+                f"{tuple(obs.shape)}"
+            )
+        if not obs.is_floating_point():
+            obs = obs.float()
+        seq = obs.unsqueeze(0) if one_step else obs
+        features = self.encoder(seq.flatten(start_dim=2))
+        h0, c0 = self._initial_batch(prev_state, seq.shape[1], features)
+        n = self.lstm_layers
+        # both cores run in every mode: the state the actor stores must cover the value core too
+        policy_out, (h, c) = self.core(self.policy_net(features), (h0[:n], c0[:n]))
+        value_out = policy_out
+        if self.value_core is not None:
+            value_out, (hv, cv) = self.value_core(self.value_net(features), (h0[n:], c0[n:]))
+            h, c = torch.cat([h, hv]), torch.cat([c, cv])
+        if one_step:
+            policy_out, value_out = policy_out.squeeze(0), value_out.squeeze(0)
+        output: Dict[str, Any] = {}
+        if mode != "compute_value":
+            self._action_output(self.action_head(policy_out), output)
+        if mode != "compute_action":
+            output["value"] = self.value_head(value_out).squeeze(-1)
+        output["next_state"] = {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
+        return output
+
+    @property
+    def state_rows(self) -> int:
+        """Rows of an env's recurrent state: ``lstm_layers`` per core (0 without an LSTM)."""
+        if self.core is None:
+            return 0
+        return self.lstm_layers * (1 if self.value_core is None else 2)
+
+    def initial_state(self, batch_size: Optional[int] = None) -> RecurrentState:
+        """The zero state of one env ``{'h', 'c'}`` of ``(R, H)``, or of ``batch_size`` envs, ``(B, R, H)``
+        (``R = state_rows``).
+
+        Raises:
+            RuntimeError: the model has no LSTM.
+        """
+        if self.core is None:
+            raise RuntimeError("ValueAC.initial_state: the model has no LSTM (lstm_hidden_size is None)")
+        shape = (self.state_rows, self.lstm_hidden_size)
+        if batch_size is not None:
+            shape = (int(batch_size),) + shape
+        weight = self.core.weight_hh_l0
+        return {"h": weight.new_zeros(shape), "c": weight.new_zeros(shape)}
+
+    def _initial_batch(self, prev_state: Any, batch: int, like: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(h0, c0)`` as the LSTMs take them, ``(R, B, H)``, from a batch-first ``prev_state`` (or None)."""
+        expected = (batch, self.state_rows, self.lstm_hidden_size)
+        if prev_state is None:
+            zeros = like.new_zeros((self.state_rows, batch, self.lstm_hidden_size))
+            return zeros, zeros
+        if not isinstance(prev_state, Mapping) or set(prev_state) != {"h", "c"}:
+            got = sorted(prev_state) if isinstance(prev_state, Mapping) else type(prev_state).__name__
+            raise ValueError(
+                f"ValueAC prev_state must be None or {{'h', 'c'}} of shape (B, R, H) = {expected}, got {got}"
+            )
+        h, c = (torch.as_tensor(prev_state[k], dtype=like.dtype, device=like.device) for k in ("h", "c"))
+        if h.shape != expected or c.shape != expected:
+            raise ValueError(
+                f"ValueAC prev_state needs 'h' and 'c' of shape (B, R, H) = {expected} (R = lstm_layers per core), "
+                f"got {tuple(h.shape)} and {tuple(c.shape)}"
+            )
+        return h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()
+
     def _action_output(self, action_out: torch.Tensor, output: Dict[str, torch.Tensor]) -> None:
         if self.action_space == "discrete":
             output["logit"] = action_out
         else:
             output["mu"] = action_out
             output["sigma"] = self.log_std.exp().expand_as(action_out)
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"ValueAC {name} must be a positive int, got {value!r}")
+    return value
 
 
 class ConvValueAC(nn.Module):

@@ -22,6 +22,7 @@ from .contract import (
 )
 from .ddpg import DDPGPolicy
 from .dqn import DQNPolicy
+from .impala import IMPALAPolicy
 from .ppo import PPOPolicy
 from .rainbow import RainbowPolicy
 from .sac import SACPolicy
@@ -51,4 +52,5 @@ __all__ = [
     "TD3Policy",
     "SACPolicy",
     "RainbowPolicy",
+    "IMPALAPolicy",
 ]

@@ -17,12 +17,11 @@ class FixedLogit(nn.Module):
 
 
 class Accumulator(nn.Module):
-    """A recurrent toy model: next_state = prev_state + x, one state per row."""
+    """A recurrent toy model: next_state = prev_state + x, one state per row (batch axis first)."""
 
     def forward(self, data: dict) -> dict:
-        prev = torch.stack(data["prev_state"])
-        next_state = prev + data["x"]
-        return {"logit": next_state, "next_state": list(next_state.unbind(0))}
+        next_state = data["prev_state"] + data["x"]
+        return {"logit": next_state, "next_state": next_state}
 
 
 def _agent(*plugins, model=None) -> Agent:
@@ -87,8 +86,25 @@ def test_eps_greedy_random_actions_respect_the_mask_and_are_reproducible():
     assert (first != 1).all() and {0, 2} == set(first.tolist())
 
 
+def test_eps_greedy_per_row_rates():
+    # Ape-X: one rate per env; row 0 always greedy, row 1 always random (uniform over 4 actions)
+    torch.manual_seed(0)
+    logit = torch.tensor([[0.0, 3.0, 1.0, 2.0]]).repeat(2000, 1)
+    eps = torch.tensor([0.0, 1.0]).repeat(1000)
+    action = _agent(("eps_greedy_sample", {})).forward({"logit": logit}, eps=eps)["action"]
+    assert (action[0::2] == 1).all()
+    counts = torch.bincount(action[1::2], minlength=4).float() / 1000
+    assert torch.allclose(counts, torch.full((4,), 0.25), atol=0.05)
+
+
 @pytest.mark.parametrize(
-    "kwargs, error, message", [({}, TypeError, "eps=0.1"), ({"eps": 1.5}, ValueError, r"\[0, 1\]")]
+    "kwargs, error, message",
+    [
+        ({}, TypeError, "eps=0.1"),
+        ({"eps": 1.5}, ValueError, r"\[0, 1\]"),
+        ({"eps": [0.1, -0.1, 0.0]}, ValueError, r"\[0, 1\]"),
+        ({"eps": [0.1, 0.1]}, ValueError, r"2 eps values for \(3,\) actions"),
+    ],
 )
 def test_eps_greedy_needs_a_valid_eps(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -143,23 +159,102 @@ def test_hidden_state_detaches_stored_states_and_can_return_prev_state():
             self.w = nn.Parameter(torch.ones(1))
 
         def forward(self, data: dict) -> dict:
-            prev = torch.stack([torch.zeros(1) if s is None else s for s in data["prev_state"]])
-            next_state = prev + self.w * data["x"]
-            return {"logit": next_state, "next_state": list(next_state.unbind(0))}
+            next_state = data["prev_state"] + self.w * data["x"]
+            return {"logit": next_state, "next_state": next_state}
 
-    agent = _agent(("hidden_state", {"state_num": 2, "save_prev_state": True}), model=Linear())
+    init = lambda: torch.zeros(1)  # noqa: E731
+    agent = _agent(("hidden_state", {"state_num": 2, "init_fn": init, "save_prev_state": True}), model=Linear())
     first = agent.forward({"x": torch.ones(2, 1)}, state_id=[0, 1])
-    assert first["prev_state"] == [None, None] and first["logit"].requires_grad
+    # an episode's first step stores the concrete zero state, never None
+    assert torch.equal(first["prev_state"], torch.zeros(2, 1)) and first["logit"].requires_grad
     assert not any(s.requires_grad for s in agent.plugin("main", "hidden_state").states)
     second = agent.forward({"x": torch.ones(1, 1)}, state_id=[1])
-    assert second["prev_state"][0].item() == 1.0 and second["logit"].item() == 2.0
+    assert second["prev_state"].tolist() == [[1.0]] and second["logit"].item() == 2.0
+    # the returned prev_state is a copy: later steps do not change what a transition stored
+    agent.forward({"x": torch.ones(1, 1)}, state_id=[1])
+    assert second["prev_state"].tolist() == [[1.0]]
+
+
+def _lstm_agent(state_num: int, layers: int = 2, hidden: int = 3):
+    from nervex.model import DRQN
+
+    torch.manual_seed(0)
+    model = DRQN(4, 2, encoder_hidden_sizes=[8], hidden_size=hidden, num_layers=layers)
+    agent = Agent(model)
+    agent.add_plugin("main", "hidden_state", state_num=state_num, init_fn=model.initial_state, save_prev_state=True)
+    agent.add_plugin("main", "grad", enable_grad=False)
+    return agent, model
+
+
+def test_hidden_state_prev_state_is_the_state_the_actor_had():
+    agent, model = _lstm_agent(state_num=3)
+    obs = torch.randn(4, 3, 4)
+    expected = model.initial_state(3)
+    for t in range(4):
+        out = agent.forward({"obs": obs[t]}, state_id=[0, 1, 2])
+        for key in ("h", "c"):
+            torch.testing.assert_close(out["prev_state"][key], expected[key], rtol=0, atol=1e-6)
+        with torch.no_grad():
+            expected = model({"obs": obs[t], "prev_state": expected})["next_state"]
+    agent.reset(state_id=[1])  # an episode ends in env 1: only env 1 starts again from zeros
+    states = agent.plugin("main", "hidden_state").states
+    for key in ("h", "c"):
+        assert not states[1][key].any()
+        torch.testing.assert_close(states[0][key], expected[key][0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(states[2][key], expected[key][2], rtol=0, atol=1e-6)
+    out = agent.forward({"obs": obs[0, [2, 1]]}, state_id=[2, 1])  # any subset, in any order
+    assert torch.equal(out["prev_state"]["h"][0], states[2]["h"]) and not out["prev_state"]["h"][1].any()
+
+
+def test_hidden_state_lstm_pair_splits_per_env_on_the_batch_axis():
+    # (h, c) of a 2-layer LSTM: each env's stored prev_state is its own (layers, H) pair, as the policy's
+    # per-env split of the output (by the first axis) hands it to the transition
+    from nervex.policy.base_policy import _split_rows
+
+    agent, model = _lstm_agent(state_num=3, layers=2, hidden=5)
+    agent.forward({"obs": torch.randn(3, 4)}, state_id=[0, 1, 2])
+    states = agent.plugin("main", "hidden_state").states
+    out = agent.forward({"obs": torch.randn(2, 4)}, state_id=[2, 0])
+    rows = _split_rows(out, 2)
+    for row, env_id in zip(rows, [2, 0]):
+        assert set(row["prev_state"]) == {"h", "c"}
+        for key in ("h", "c"):
+            assert row["prev_state"][key].shape == (2, 5)
+            assert torch.equal(torch.from_numpy(row["prev_state"][key]), states[env_id][key])
+    # and back: per-env states collated for the learner are the batch-first state the model takes
+    from nervex.torch_utils import collate
+
+    batch = collate([row["prev_state"] for row in rows])
+    again = model({"obs": torch.zeros(2, 4), "prev_state": batch})
+    direct = model(
+        {"obs": torch.zeros(2, 4), "prev_state": {k: torch.stack([states[2][k], states[0][k]]) for k in "hc"}}
+    )
+    torch.testing.assert_close(again["logit"], direct["logit"])
+
+
+def test_hidden_state_grows_for_new_ids():
+    agent = _agent(("hidden_state", {"init_fn": lambda: torch.zeros(1)}), model=Accumulator())
+    plugin = agent.plugin("main", "hidden_state")
+    assert plugin.state_num == 1
+    agent.forward({"x": torch.tensor([[1.0], [2.0]])}, state_id=[3, 0])
+    assert plugin.state_num == 4 and [s.item() for s in plugin.states] == [2.0, 0.0, 0.0, 1.0]
+
+
+def test_hidden_state_keeps_state_on_the_models_device_and_dtype():
+    agent = _agent(("hidden_state", {"state_num": 2, "init_fn": lambda: torch.zeros(1)}), model=Accumulator())
+    agent.forward({"x": torch.ones(2, 1, dtype=torch.float64)})
+    assert agent.plugin("main", "hidden_state").states[0].dtype == torch.float64
+    agent.reset(state_id=[0])
+    assert [s.item() for s in agent.plugin("main", "hidden_state").states] == [0.0, 1.0]
 
 
 @pytest.mark.parametrize(
     "state_id, data, error, message",
     [
-        ([5], {"x": torch.ones(1, 1)}, IndexError, r"state_id \[5\] out of range 0..1"),
+        ([-1], {"x": torch.ones(1, 1)}, IndexError, r"state_id \[-1\] is negative"),
         ([0], torch.ones(1, 1), TypeError, "needs dict data"),
+        ([1, 1], {"x": torch.ones(2, 1)}, ValueError, r"state_id \[1, 1\] lists an id twice"),
+        ([0, 1], {"x": torch.ones(2, 2)}, ValueError, r"next_state leaf is \(2, 2\), expected shape \(2, 1\)"),
     ],
 )
 def test_hidden_state_errors(state_id, data, error, message):
@@ -201,7 +296,9 @@ def test_target_model_has_its_own_plugins():
         ),
         ("main", "grad", {}, TypeError, r"agent plugin 'grad' takes enable_grad"),
         ("main", "grad", {"enable_grad": 1}, TypeError, "True or False"),
-        ("main", "hidden_state", {"state_num": 0}, ValueError, "positive int"),
+        ("main", "hidden_state", {"state_num": 0, "init_fn": lambda: torch.zeros(1)}, ValueError, "positive int"),
+        ("main", "hidden_state", {"state_num": 2}, TypeError, "takes init_fn, state_num, save_prev_state"),
+        ("main", "hidden_state", {"state_num": 2, "init_fn": lambda: None}, TypeError, "concrete zero state"),
         ("main", "argmax_sample", {"eps": 0.1}, TypeError, "takes logit_key"),
         ("critic", "argmax_sample", {}, ValueError, r"add_plugin\('critic', ...\): no such model"),
     ],

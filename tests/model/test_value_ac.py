@@ -272,3 +272,142 @@ def test_registry_and_create_model():
     assert isinstance(model, ValueAC) and set(model(torch.zeros(1, 3))) == {"mu", "sigma", "value"}
     model = create_model("conv_value_ac", obs_shape=(1, 36, 36), action_dim=2, hidden_size=8)
     assert isinstance(model, ConvValueAC) and model(torch.zeros(1, 1, 36, 36))["logit"].shape == (1, 2)
+
+
+# ---- LSTM cores (IMPALA) ------------------------------------------------------------------------------------------
+def _lstm_model(action_space: str = "discrete", layers: int = 1, share_encoder: bool = False) -> ValueAC:
+    torch.manual_seed(0)
+    return ValueAC(
+        4,
+        3,
+        action_space=action_space,
+        hidden_sizes=(8,),
+        lstm_hidden_size=6,
+        lstm_layers=layers,
+        share_encoder=share_encoder,
+    )
+
+
+@pytest.mark.parametrize("share_encoder", [False, True])
+@pytest.mark.parametrize("action_space", ["discrete", "continuous"])
+def test_lstm_sequence_forward_equals_stepping_with_the_state(action_space, share_encoder):
+    model = _lstm_model(action_space, layers=2, share_encoder=share_encoder)
+    rows = 2 if share_encoder else 4  # two layers per core; separate policy and value cores by default
+    assert model.recurrent and model.state_rows == rows and (model.value_core is None) == share_encoder
+    obs = torch.randn(5, 3, 4)  # (T, B, obs)
+    prev = {"h": torch.randn(3, rows, 6), "c": torch.randn(3, rows, 6)}  # batch first
+    seq = model({"obs": obs, "prev_state": prev})
+    key = "logit" if action_space == "discrete" else "mu"
+    assert seq[key].shape == (5, 3, 3) and seq["value"].shape == (5, 3)
+    state = prev
+    for t in range(5):
+        step = model({"obs": obs[t], "prev_state": state})
+        assert step[key].shape == (3, 3) and step["value"].shape == (3,)
+        torch.testing.assert_close(step[key], seq[key][t])
+        torch.testing.assert_close(step["value"], seq["value"][t])
+        state = step["next_state"]
+    assert set(state) == {"h", "c"} and state["h"].shape == (3, rows, 6) and state["c"].shape == (3, rows, 6)
+    torch.testing.assert_close(state, seq["next_state"])
+    # each env's row depends on its own state only
+    one = model({"obs": obs[:, 1:2], "prev_state": {k: v[1:2] for k, v in prev.items()}})
+    torch.testing.assert_close(one["value"], seq["value"][:, 1:2])
+
+
+def test_lstm_separate_cores_keep_policy_and_value_apart():
+    model = _lstm_model(layers=2)
+    obs = torch.randn(4, 3, 4)
+    prev = {"h": torch.randn(3, 4, 6), "c": torch.randn(3, 4, 6)}
+    out = model({"obs": obs, "prev_state": prev})
+    # rows 0-1 are the policy core's state, rows 2-3 the value core's: changing the value rows moves only the value
+    other = {k: v.clone() for k, v in prev.items()}
+    other["h"][:, 2:] += 1.0
+    moved = model({"obs": obs, "prev_state": other})
+    torch.testing.assert_close(moved["logit"], out["logit"])
+    assert not torch.allclose(moved["value"], out["value"])
+    # the value loss reaches neither the policy trunk nor the policy core
+    model.zero_grad()
+    out["value"].sum().backward()
+    policy_params = [*model.policy_net.parameters(), *model.core.parameters(), *model.action_head.parameters()]
+    assert all(p.grad is None for p in policy_params)
+    assert all(p.grad is not None for p in model.value_core.parameters())
+
+
+def test_lstm_zero_state_formats_agree():
+    model = _lstm_model(layers=2)
+    obs = torch.randn(4, 3, 4)
+    zeros = model({"obs": obs, "prev_state": model.initial_state(batch_size=3)})
+    for other in (model(obs), model({"obs": obs}), model({"obs": obs, "prev_state": None})):
+        torch.testing.assert_close(other["value"], zeros["value"])
+    stored = {"h": torch.randn(3, 4, 6).numpy(), "c": torch.randn(3, 4, 6).numpy()}  # arrays, as replay stores them
+    assert not torch.allclose(model({"obs": obs, "prev_state": stored})["value"], zeros["value"])
+
+
+def test_lstm_hand_case_without_trunk():
+    # one shared unit, no trunk layers: the LSTM equations by hand for two steps from a zero state
+    model = ValueAC(1, 2, hidden_sizes=(), lstm_hidden_size=1, share_encoder=True, ortho_init=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.core.weight_ih_l0.copy_(torch.tensor([[1.0], [2.0], [0.5], [-1.0]]))  # input, forget, cell, output
+        model.core.weight_hh_l0.fill_(1.0)
+        model.value_head.weight.fill_(2.0)
+        model.action_head.weight.copy_(torch.tensor([[1.0], [-1.0]]))
+    x1, x2 = 1.0, -2.0
+
+    def step(x, h, c):
+        i, f = torch.sigmoid(torch.tensor(x + h)), torch.sigmoid(torch.tensor(2 * x + h))
+        g, o = torch.tanh(torch.tensor(0.5 * x + h)), torch.sigmoid(torch.tensor(-x + h))
+        c = f * c + i * g
+        return float(o * torch.tanh(c)), float(c)
+
+    h1, c1 = step(x1, 0.0, 0.0)
+    h2, c2 = step(x2, h1, c1)
+    out = model(torch.tensor([[[x1]], [[x2]]]))
+    torch.testing.assert_close(out["value"], torch.tensor([[2 * h1], [2 * h2]]))
+    torch.testing.assert_close(out["logit"], torch.tensor([[[h1, -h1]], [[h2, -h2]]]))
+    torch.testing.assert_close(out["next_state"]["c"], torch.tensor([[[c2]]]))
+
+
+def test_lstm_gradients_reach_the_trunk_through_time():
+    model = _lstm_model(share_encoder=True)
+    model(torch.randn(6, 2, 4))["value"][-1].sum().backward()  # only the last step's value
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.encoder.parameters())
+    assert model.core.weight_hh_l0.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.action_head.parameters())
+
+
+def test_lstm_parameter_count_and_registry():
+    lstm = 4 * 32 * (64 + 32) + 2 * 4 * 32
+    trunk = 4 * 64 + 64
+    heads = (32 * 2 + 2) + (32 + 1)
+    shared = create_model(
+        "value_ac", obs_dim=4, action_dim=2, hidden_sizes=[64], lstm_hidden_size=32, share_encoder=True
+    )
+    assert sum(p.numel() for p in shared.parameters()) == trunk + lstm + heads
+    separate = create_model("value_ac", obs_dim=4, action_dim=2, hidden_sizes=[64], lstm_hidden_size=32)
+    assert sum(p.numel() for p in separate.parameters()) == 2 * (trunk + lstm) + heads
+    state = separate.initial_state()
+    assert set(state) == {"h", "c"} and state["h"].shape == (2, 32) and not state["h"].any()
+    assert shared.initial_state()["h"].shape == (1, 32) and ValueAC(4, 2).state_rows == 0
+
+
+def test_lstm_rejects_bad_arguments_and_inputs():
+    with pytest.raises(ValueError, match="lstm_hidden_size must be a positive int, got 0"):
+        ValueAC(4, 2, lstm_hidden_size=0)
+    with pytest.raises(ValueError, match="lstm_layers must be a positive int, got 1.5"):
+        ValueAC(4, 2, lstm_hidden_size=4, lstm_layers=1.5)
+    with pytest.raises(ValueError, match="value_hidden_sizes applies only with share_encoder=False"):
+        ValueAC(4, 2, lstm_hidden_size=4, share_encoder=True, value_hidden_sizes=(8,))
+    model = _lstm_model()
+    with pytest.raises(ValueError, match=r"one step \(B, 4\) or a time-major sequence \(T, B, 4\), got \(2, 3, 5, 4\)"):
+        model(torch.zeros(2, 3, 5, 4))
+    with pytest.raises(ValueError, match=r"prev_state needs 'h' and 'c' of shape \(B, R, H\) = \(2, 2, 6\)"):
+        model({"obs": torch.zeros(2, 4), "prev_state": {"h": torch.zeros(2, 1, 6), "c": torch.zeros(2, 1, 6)}})
+    with pytest.raises(ValueError, match=r"prev_state must be None or \{'h', 'c'\} .* got \['h'\]"):
+        model({"obs": torch.zeros(2, 4), "prev_state": {"h": torch.zeros(2, 2, 6)}})
+    with pytest.raises(ValueError, match="prev_state must be None or .* got list"):
+        model({"obs": torch.zeros(2, 4), "prev_state": [None, None]})
+    with pytest.raises(TypeError, match="without an LSTM takes an observation tensor, got a dict"):
+        ValueAC(4, 2)({"obs": torch.zeros(2, 4)})
+    with pytest.raises(RuntimeError, match="has no LSTM"):
+        ValueAC(4, 2).initial_state()
