@@ -385,6 +385,7 @@ class RunOptions:
     n_eval: int
     until: str  # 'threshold' or 'budget'
     results_dir: str
+    peer_max_train_secs: Optional[float] = None  # stop SB3 after this much training time (a slow peer)
 
 
 def run_record(row: Row, lib: str, seed: int, opts: RunOptions) -> Dict[str, Any]:
@@ -410,7 +411,17 @@ def run_record(row: Row, lib: str, seed: int, opts: RunOptions) -> Dict[str, Any
         from zoo_sb3 import run_sb3
 
         setup = row.sb3_setup(row.budget_of("sb3"))
-        out = run_sb3(setup, row.env_id, seed, row.budget_of("sb3"), eval_freq, opts.n_eval, stop_at, on_eval)
+        out = run_sb3(
+            setup,
+            row.env_id,
+            seed,
+            row.budget_of("sb3"),
+            eval_freq,
+            opts.n_eval,
+            stop_at,
+            on_eval,
+            max_train_secs=opts.peer_max_train_secs,
+        )
         out["config"] = dict(
             zoo_file=None if row.zoo_entry is None else f"rl_zoo3/hyperparams/{row.sb3_algo}.yml",
             zoo_key=row.zoo_entry,
@@ -430,6 +441,7 @@ def run_record(row: Row, lib: str, seed: int, opts: RunOptions) -> Dict[str, Any
         threshold=row.threshold,
         budget=row.budget_of(lib),
         until=opts.until,
+        max_train_secs=opts.peer_max_train_secs if lib == "sb3" else None,
         eval_freq=eval_freq,
         n_eval=opts.n_eval,
         reached=reached["steps"] is not None,
@@ -499,7 +511,7 @@ def ratio_text(sb3: float, nervex: float, sb3_budget: float, nervex_budget: floa
     if math.isinf(sb3) and math.isinf(nervex):
         return "n/a"
     if math.isinf(sb3):
-        return f"> {sb3_budget / nervex:.2f}x" if nervex > 0 else "n/a"
+        return f"> {sb3_budget / nervex:.2f}x" if nervex > 0 and not math.isinf(sb3_budget) else "n/a"
     if math.isinf(nervex):
         return f"< {sb3 / nervex_budget:.2f}x"
     return f"{sb3 / nervex:.2f}x" if nervex > 0 else "n/a"
@@ -513,10 +525,18 @@ class LibSummary:
     median_secs: float
     per_seed: List[Tuple[int, Optional[int]]]  # (seed, steps to threshold or None)
     budget: int
+    secs_cap: Optional[float] = None  # training-time cap of seeds stopped by it before the threshold (None: none)
+
+
+def time_capped(rec: Mapping[str, Any]) -> bool:
+    """A seed stopped by ``--peer-max-train-secs`` before reaching the threshold or its step budget."""
+    cap = rec.get("max_train_secs")
+    return bool(cap) and not rec["reached"] and rec["total_env_steps"] < rec["budget"]
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> LibSummary:
     """The table's figures for one library of one row."""
+    caps = [float(r["max_train_secs"]) for r in records if time_capped(r)]
     return LibSummary(
         n_seeds=len(records),
         n_reached=sum(bool(r["reached"]) for r in records),
@@ -524,7 +544,17 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> LibSummary:
         median_secs=median_inf([r["secs_to_threshold"] for r in records]),
         per_seed=[(r["seed"], r["steps_to_threshold"]) for r in records],
         budget=max(r["budget"] for r in records),
+        secs_cap=min(caps) if caps else None,
     )
+
+
+def summary_ratios(nx: LibSummary, sb: LibSummary) -> Tuple[str, str]:
+    """SB3 / nervex of the median steps and training seconds. A median SB3 seed stopped by the time cap bounds the
+    seconds ratio by the cap and leaves the steps ratio unknown (more time might have reached it within the budget)."""
+    if math.isinf(sb.median_secs) and sb.secs_cap is not None:
+        return "n/a (time cap)", ratio_text(sb.median_secs, nx.median_secs, sb.secs_cap, math.inf)
+    steps = ratio_text(sb.median_steps, nx.median_steps, sb.budget, nx.budget)
+    return steps, ratio_text(sb.median_secs, nx.median_secs, math.inf, math.inf)
 
 
 def fmt_median(value: float, unit: str) -> str:
@@ -543,9 +573,7 @@ def table_line(row: Row, sums: Mapping[str, LibSummary]) -> str:
             continue
         cells += [f"{s.n_reached}/{s.n_seeds}", fmt_median(s.median_steps, "steps"), fmt_median(s.median_secs, "s")]
     if "nervex" in sums and "sb3" in sums:
-        nx, sb = sums["nervex"], sums["sb3"]
-        cells.append(ratio_text(sb.median_steps, nx.median_steps, sb.budget, nx.budget))
-        cells.append(ratio_text(sb.median_secs, nx.median_secs, math.inf, math.inf))
+        cells += summary_ratios(sums["nervex"], sums["sb3"])
     else:
         cells += ["-", "-"]
     for lib in LIBS:
@@ -673,6 +701,14 @@ def row_notes(row: Row, libs: Mapping[str, Sequence[Mapping[str, Any]]]) -> List
     for lib, recs in libs.items():
         budgets = sorted({r["budget"] for r in recs})
         notes.append(f"{LIB_NAMES[lib]} budget {', '.join(f'{b:,}' for b in budgets)} env steps")
+        capped = [r for r in recs if time_capped(r)]
+        if capped:
+            steps = ", ".join(format(r["total_env_steps"], ",") for r in capped)
+            notes.append(
+                f"{LIB_NAMES[lib]} seeds {', '.join(str(r['seed']) for r in capped)} stopped by a training-time cap of "
+                f"{capped[0]['max_train_secs']:g} s (`--peer-max-train-secs`) at "
+                f"{steps} env steps without reaching the threshold"
+            )
     sb3 = libs.get("sb3")
     if sb3:
         notes += sb3[-1]["config"].get("notes", [])
@@ -765,9 +801,7 @@ def print_row_summary(row: Row, libs: Mapping[str, Sequence[Mapping[str, Any]]])
                 f"{fmt_median(s.median_secs, 's')} s training ({s.n_reached}/{s.n_seeds} seeds reached)"
             )
     if len(sums) == 2:
-        nx, sb = sums["nervex"], sums["sb3"]
-        steps = ratio_text(sb.median_steps, nx.median_steps, sb.budget, nx.budget)
-        secs = ratio_text(sb.median_secs, nx.median_secs, math.inf, math.inf)
+        steps, secs = summary_ratios(sums["nervex"], sums["sb3"])
         print(f"  SB3 / nervex (> 1: nervex better): steps {steps}, training seconds {secs}")
 
 
@@ -878,6 +912,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--until", choices=("threshold", "budget"), default="threshold")
     parser.add_argument("--eval-freq", type=int, default=None, help="env steps between evaluations (default: row's)")
     parser.add_argument("--n-eval", type=int, default=10, help="greedy episodes per evaluation")
+    parser.add_argument(
+        "--peer-max-train-secs",
+        type=float,
+        default=None,
+        help="stop an SB3 seed after this much training time (a peer too slow for its full budget here); the table "
+        "then bounds the seconds ratio by the cap and leaves the steps ratio unknown",
+    )
     parser.add_argument("--report", action="store_true", help="render table and PNGs from saved results only")
     parser.add_argument("--no-docs", action="store_true", help="print, but write neither docs nor PNGs")
     parser.add_argument("--results-dir", default=RESULTS_DIR)
@@ -901,7 +942,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     ok = True
     if not args.report:
-        opts = RunOptions(args.eval_freq, args.n_eval, args.until, args.results_dir)
+        opts = RunOptions(args.eval_freq, args.n_eval, args.until, args.results_dir, args.peer_max_train_secs)
         ok = run_rows([ROWS[name] for name in args.rows], args.seeds, libs, opts)
     report(args.results_dir, docs)
     print(f"\ntotal wall time {time.perf_counter() - start:.1f}s", flush=True)

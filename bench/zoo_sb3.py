@@ -309,8 +309,10 @@ def run_sb3(
     n_eval: int,
     stop_at: Optional[float],
     on_eval: Callable[[int, float, float], None],
+    max_train_secs: Optional[float] = None,
 ) -> Dict[str, Any]:
-    """Train with greedy evaluations every ``eval_freq`` env steps until ``stop_at`` (None: to the budget).
+    """Train with greedy evaluations every ``eval_freq`` env steps until ``stop_at`` (None: to the budget), or until
+    ``max_train_secs`` of training time (evaluation excluded) have passed.
 
     ``on_eval(env_step, mean_reward, train_secs)`` is called after each evaluation.
 
@@ -354,6 +356,8 @@ def run_sb3(
                 on_eval(self.num_timesteps, float(mean), self.train_secs())
                 if stop_at is not None and mean >= stop_at:
                     return False
+            if max_train_secs is not None and self.train_secs() >= max_train_secs:
+                return False
             return self.num_timesteps < budget
 
     callback = EvalEvery()

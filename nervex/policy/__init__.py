@@ -24,6 +24,7 @@ from .ddpg import DDPGPolicy
 from .dqn import DQNPolicy
 from .impala import IMPALAPolicy
 from .ppo import PPOPolicy
+from .r2d2 import R2D2Policy
 from .rainbow import RainbowPolicy
 from .sac import SACPolicy
 from .td3 import TD3Policy
@@ -52,5 +53,6 @@ __all__ = [
     "TD3Policy",
     "SACPolicy",
     "RainbowPolicy",
+    "R2D2Policy",
     "IMPALAPolicy",
 ]

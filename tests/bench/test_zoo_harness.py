@@ -230,6 +230,20 @@ def test_table_line_and_header_have_the_same_columns():
     assert header.count("|") == sep.count("|") == body.count("|") == 14
 
 
+def test_time_capped_peer_bounds_the_seconds_ratio_and_leaves_steps_unknown():
+    nervex = [_record("nervex", s, 20_000, 40.0) for s in range(3)]
+    capped = dict(_record("sb3", 0, None, None), max_train_secs=600.0, total_env_steps=9_000)
+    budget_spent = dict(_record("sb3", 1, None, None), max_train_secs=600.0, total_env_steps=100_000)
+    reached = dict(_record("sb3", 2, 8_000, 500.0), max_train_secs=600.0, total_env_steps=8_000)
+    assert zoo.time_capped(capped) and not zoo.time_capped(budget_spent) and not zoo.time_capped(reached)
+    sb3 = zoo.summarize([capped, budget_spent, reached])
+    assert sb3.secs_cap == 600.0 and math.isinf(sb3.median_secs)
+    assert zoo.summary_ratios(zoo.summarize(nervex), sb3) == ("n/a (time cap)", "> 15.00x")
+    # without a capped seed the step budget bounds the steps ratio as before, and seconds have no bound
+    uncapped = zoo.summarize([budget_spent, budget_spent, reached])
+    assert zoo.summary_ratios(zoo.summarize(nervex), uncapped) == ("> 5.00x", "n/a")
+
+
 def test_table_line_with_one_library():
     line = zoo.table_line(zoo.ROWS["cartpole_dqn"], {"sb3": zoo.summarize([_record("sb3", 0, None, None)])})
     assert (

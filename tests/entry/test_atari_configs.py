@@ -23,7 +23,8 @@ def test_pong_config_trains_a_few_steps_on_real_frames(tmp_path, path):
     cfg.evaluator.update(n_episode=1, eval_freq=10**9)  # a Pong game lasts thousands of steps: no evaluation here
     learn = cfg.policy.learn
     if "learning_starts" in learn:  # off-policy: a small buffer, learning from the first collection on
-        learn.update(learning_starts=64, batch_size=min(int(learn.get("batch_size", 32)), 8))
+        # batch 4: R2D2's first collection (640 steps over 2 envs) holds 6 sequences of 80 learn steps
+        learn.update(learning_starts=64, batch_size=min(int(learn.get("batch_size", 32)), 4))
         cfg.replay_buffer.maxlen = 2000
     with SerialTrainer(cfg, seed=0, exp_name="pong_smoke", run_root=str(tmp_path)) as trainer:
         trainer.run(progress=False)

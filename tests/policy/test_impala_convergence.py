@@ -3,7 +3,6 @@
 import os
 
 import pytest
-import torch
 
 from nervex.config import read_config
 from nervex.entry import SerialTrainer
@@ -12,15 +11,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIG_DIR = os.path.join(ROOT, "app_zoo/classic_control/cartpole/config")
 CARTPOLE_IMPALA = os.path.join(CONFIG_DIR, "cartpole_impala.yaml")
 NO_VEL_IMPALA = os.path.join(CONFIG_DIR, "cartpole_no_vel_impala.yaml")
-
-
-@pytest.fixture
-def one_thread():
-    """One torch thread: the same float results (and speed) whatever the machine's core count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_impala_reaches_195_on_cartpole(tmp_path, one_thread):

@@ -3,22 +3,12 @@
 import os
 
 import pytest
-import torch
 
 from nervex.config import read_config
 from nervex.entry import SerialTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE_RAINBOW = os.path.join(ROOT, "app_zoo/classic_control/cartpole/config/cartpole_rainbow.yaml")
-
-
-@pytest.fixture
-def one_thread():
-    """One torch thread: the same float results (and speed) whatever the machine's core count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_rainbow_reaches_195_on_cartpole(tmp_path, one_thread):
