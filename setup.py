@@ -20,6 +20,11 @@ setup(
         "tqdm>=4.60",
         # compiled replay trees (PrioritizedBuffer's speed); the buffer falls back to NumPy where numba cannot load
         "numba>=0.59",
+        # the parallel mode's control plane (JSON over HTTP, served by waitress) and its bulk-data codec
+        "flask>=3.0",
+        "waitress>=3.0",
+        "requests>=2.31",
+        "safetensors>=0.4",
     ],
     extras_require={
         # the test extra pulls the optional backends too, so CI exercises Atari and MuJoCo
@@ -45,7 +50,7 @@ setup(
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],  # cv2: the reference INTER_AREA resize
         "mujoco": ["mujoco>=3.0", "imageio>=2.14"],
         "box2d": ["gymnasium[box2d]>=1.0"],  # a cp311 box2d wheel: no swig needed  # gymnasium.envs.mujoco imports imageio
-        "dist": ["flask>=3.0", "requests>=2.31"],
+        "dist": [],  # kept for old install commands: the parallel mode's packages are dependencies now
     },
     entry_points={"console_scripts": ["nervex=nervex.entry.cli:main"]},
 )

@@ -1,0 +1,509 @@
+"""Signed JSON over HTTP: the server every parallel role builds on (Flask served by waitress) and its client.
+
+Every route but ``GET /healthz`` needs a valid request signature (``auth.py``) before its handler runs; bodies are
+capped per route; errors are JSON ``{"error": ..., "field": ...}`` with the status of the ``ProtocolError`` raised.
+The client signs each attempt afresh and retries transient failures with capped, jittered backoff under a deadline.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import errno
+import ipaddress
+import json
+import logging
+import math
+import random
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Dict, Iterable, Optional, Tuple, Union
+
+import requests
+import waitress
+from flask import Flask, Response, request
+from waitress import wasyncore
+from werkzeug.exceptions import HTTPException
+
+from .auth import RequestVerifier, sign_request
+from .errors import ProtocolError
+
+HandlerResult = Union[Dict[str, Any], Tuple[int, Any]]
+Handler = Callable[[Any], HandlerResult]
+
+HEALTHZ_PATH = "/healthz"
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+_LOOPBACK_NAMES = ("localhost",)
+_INTERNAL_ERROR = "internal server error (details are in the server's log)"
+
+
+@dataclass(frozen=True)
+class _Route:
+    path: str
+    handler: Handler
+    max_body: int
+
+
+class Server:
+    """A Flask app served by waitress on a background thread, with signed JSON routes.
+
+    Example::
+
+        with Server("coordinator", token) as server:   # or server.start() ... server.stop() in a finally
+            server.route("/task/ask", ["POST"], ask_for_task)   # routes are registered before start()
+            Client(server.url, token).post("/task/ask", {"worker": "actor0"})
+
+    Args:
+        name: The role's name, for logs and thread names.
+        token: The run's secret (``load_or_create_token``).
+        host: Address to bind; anything but loopback logs a warning (no TLS: keep the control plane private).
+        port: Port to bind; 0 picks a free one (read ``.port`` after ``start()``).
+        threads: waitress worker threads.
+        max_body: Default body cap of a route, in bytes.
+        logger: Where errors and refused requests are logged; ``nervex.system.comm.http`` if None.
+        verifier: The request verifier; one over ``token`` with default window and cache if None.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        token: bytes,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        threads: int = 4,
+        max_body: int = 1 << 20,
+        logger: Optional[logging.Logger] = None,
+        verifier: Optional[RequestVerifier] = None,
+    ) -> None:
+        self.name = name
+        self.logger = logger or logging.getLogger(__name__)
+        self._verifier = verifier or RequestVerifier(token)
+        # "localhost" may resolve to ::1 first; the rest of the run expects the IPv4 loopback.
+        self._host = "127.0.0.1" if host in _LOOPBACK_NAMES else host
+        self._requested_port = int(port)
+        self._threads = int(threads)
+        self.max_body = int(max_body)
+        self.app = Flask(__name__)
+        self.app.add_url_rule(HEALTHZ_PATH, "healthz", _healthz, methods=["GET"], provide_automatic_options=False)
+        self.app.register_error_handler(HTTPException, _http_error)
+        self._routes: Dict[str, _Route] = {}
+        self._lock = threading.Lock()
+        self._socket_map: Dict[int, Any] = {}
+        self._server: Any = None
+        self._thread: Optional[threading.Thread] = None
+        self._address: Optional[Tuple[str, int]] = None
+        if not _is_loopback(self._host):
+            self.logger.warning(
+                "server '%s' will listen on %s: the control plane has no TLS, keep this network private",
+                name,
+                self._host,
+            )
+
+    def route(self, path: str, methods: Iterable[str], handler: Handler, max_body: Optional[int] = None) -> None:
+        """Register a signed JSON route; call before ``start()``.
+
+        Args:
+            path: A fixed path (no ``<parameters>``: ids travel in the signed body).
+            methods: HTTP methods, e.g. ``["POST"]``.
+            handler: ``handler(request_json)`` returning a dict (200) or ``(status, json)``; it may raise
+                ``ProtocolError``. ``request_json`` is None for an empty body.
+            max_body: Body cap in bytes; the server's ``max_body`` if None.
+
+        Raises:
+            RuntimeError: the server is already started.
+            ValueError: a duplicate, reserved or parameterised path.
+        """
+        if self._server is not None:
+            raise RuntimeError(f"server '{self.name}': register route {path} before start()")
+        if not path.startswith("/") or "<" in path or path == HEALTHZ_PATH or path in self._routes:
+            raise ValueError(
+                f"server '{self.name}': route path {path!r} must be a new fixed path starting with '/' "
+                f"(no '<parameters>', not {HEALTHZ_PATH})"
+            )
+        entry = _Route(path, handler, self.max_body if max_body is None else int(max_body))
+        self._routes[path] = entry
+        self.app.add_url_rule(
+            path,
+            endpoint=path,
+            view_func=lambda: self._serve(entry),
+            methods=[method.upper() for method in methods],
+            provide_automatic_options=False,  # an unsigned OPTIONS would otherwise be answered
+        )
+
+    def start(self) -> Server:
+        """Bind and serve on a background thread.
+
+        Returns:
+            self, for ``with Server(...).start() as server`` or chaining.
+
+        Raises:
+            OSError: the address cannot be bound (the message names host:port).
+            RuntimeError: already started.
+        """
+        with self._lock:
+            if self._server is not None:
+                raise RuntimeError(f"server '{self.name}' is already started")
+            sock = self._bind()
+            # waitress buffers a whole body before the app runs; this bounds that buffer (it refuses >= the value).
+            largest_cap = max([self.max_body] + [entry.max_body for entry in self._routes.values()])
+            self._socket_map = {}
+            try:
+                self._server = waitress.create_server(
+                    self.app,
+                    map=self._socket_map,
+                    sockets=[sock],
+                    threads=self._threads,
+                    max_request_body_size=largest_cap + 1,
+                    ident="",  # no Server header
+                    expose_tracebacks=False,
+                )
+            except BaseException:
+                sock.close()
+                raise
+            self._address = sock.getsockname()[:2]
+            self._thread = threading.Thread(target=self._server.run, name=f"nervex-http-{self.name}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Close every connection, end the serving thread and wait for running handlers; idempotent.
+
+        Args:
+            timeout_s: How long to wait for the serving thread and again for running handlers.
+        """
+        with self._lock:
+            server, thread = self._server, self._thread
+            self._server, self._thread = None, None
+        if server is None:
+            return
+        socket_map = self._socket_map
+        if thread is not None and thread.is_alive():
+            # Close sockets on the loop's own thread, so its select() never sees a descriptor closed under it.
+            server.trigger.pull_trigger(lambda: wasyncore.close_all(socket_map))
+            thread.join(timeout_s)
+            if thread.is_alive():
+                self.logger.warning("server '%s': serving thread did not end within %.1f s", self.name, timeout_s)
+        else:
+            wasyncore.close_all(socket_map)
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=timeout_s)
+
+    def __enter__(self) -> Server:
+        return self if self._server is not None else self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    @property
+    def host(self) -> str:
+        """The bound address (after ``start()``)."""
+        return self._bound_address()[0]
+
+    @property
+    def port(self) -> int:
+        """The bound port (after ``start()``)."""
+        return self._bound_address()[1]
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the running server."""
+        host, port = self._bound_address()
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def _bound_address(self) -> Tuple[str, int]:
+        if self._address is None:
+            raise RuntimeError(f"server '{self.name}' has no address before start()")
+        return self._address
+
+    def _bind(self) -> socket.socket:
+        where = (
+            f"[{self._host}]:{self._requested_port}" if ":" in self._host else f"{self._host}:{self._requested_port}"
+        )
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(
+                self._host, self._requested_port, type=socket.SOCK_STREAM
+            )[0]
+            sock = socket.socket(family, kind, proto)
+        except OSError as error:
+            raise OSError(error.errno, f"server '{self.name}' cannot listen on {where}: {error}") from error
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress does: rebind past TIME_WAIT
+            sock.bind(address)
+        except OSError as error:
+            sock.close()
+            hint = (
+                "address already in use: choose another port or stop what holds it"
+                if error.errno == errno.EADDRINUSE
+                else error.strerror
+            )
+            raise OSError(error.errno, f"server '{self.name}' cannot listen on {where}: {hint}") from error
+        return sock
+
+    def _serve(self, entry: _Route) -> Response:
+        try:
+            body = _read_capped_body(entry)
+            query = request.query_string.decode("latin-1")
+            self._verifier.verify(request.method, request.path, query, request.headers, body)
+            status, payload = _normalize_result(entry, entry.handler(_parse_json(body)))
+            return _json_response(status, payload)
+        except ProtocolError as error:
+            return self._error_response(error)
+        except HTTPException:
+            raise
+        except Exception:
+            # Never the body or headers: they may hold data the log should not.
+            self.logger.exception("server '%s': %s %s failed", self.name, request.method, request.path)
+            return _json_response(500, {"error": _INTERNAL_ERROR})
+
+    def _error_response(self, error: ProtocolError) -> Response:
+        if error.status in (401, 413):
+            self.logger.warning(
+                "server '%s': refused %s %s from %s: %s",
+                self.name,
+                request.method,
+                request.path,
+                request.remote_addr,
+                error,
+            )
+        payload = error.to_json()
+        headers = {}
+        if error.retry_after is not None:
+            payload["retry_after"] = float(error.retry_after)  # precise; the header is whole seconds (RFC 9110)
+            headers["Retry-After"] = str(max(0, math.ceil(error.retry_after)))
+        return _json_response(error.status, payload, headers)
+
+
+def _healthz() -> Response:
+    return _json_response(200, {"ok": True})
+
+
+def _http_error(error: HTTPException) -> Response:
+    headers = {key: value for key, value in error.get_headers() if key.lower() == "allow"}  # a 405 keeps Allow
+    return _json_response(error.code or 500, {"error": f"{error.code} {error.name}"}, headers)
+
+
+def _json_response(status: int, payload: Any, headers: Optional[Dict[str, str]] = None) -> Response:
+    text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    return Response(text, status=status, mimetype="application/json", headers=headers)
+
+
+def _read_capped_body(entry: _Route) -> bytes:
+    """The body, or a 413 when it is over the route's cap: from Content-Length before reading, else after cap+1."""
+    length = request.content_length  # waitress de-chunks chunked bodies and sets it to the decoded length
+    if length is not None and length > entry.max_body:
+        raise _too_large(entry, f"{length} bytes")
+    data = _read_at_most(request.stream, entry.max_body + 1)
+    if len(data) > entry.max_body:
+        raise _too_large(entry, "more bytes")
+    return data
+
+
+def _too_large(entry: _Route, size: str) -> ProtocolError:
+    return ProtocolError(413, f"body of {size} is over the {entry.max_body}-byte cap of {entry.path}", field="body")
+
+
+def _read_at_most(stream: BinaryIO, limit: int) -> bytes:
+    chunks = []
+    left = limit
+    while left > 0:
+        chunk = stream.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _parse_json(body: bytes) -> Any:
+    if not body:
+        return None
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ProtocolError(400, f"malformed JSON body: {error}", field="body") from None
+    except RecursionError:
+        raise ProtocolError(400, "malformed JSON body: nested too deeply", field="body") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _normalize_result(entry: _Route, result: HandlerResult) -> Tuple[int, Any]:
+    if isinstance(result, dict):
+        return 200, result
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], int):
+        return result
+    raise TypeError(f"handler of {entry.path} returned {type(result).__name__}; return a dict or (status, json)")
+
+
+def _is_loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: assume it is reachable from elsewhere
+
+
+class Client:
+    """Signed JSON requests to one server, retried with capped exponential backoff (full jitter) under a deadline.
+
+    Retried: connection errors, timeouts, 429, 502, 503 and 504 (honouring ``Retry-After``). Every other error status
+    raises ``ProtocolError`` at once. A call gives up (503) when its deadline passes, after ``max_retries`` retries, or
+    as soon as the next wait would reach the deadline. Handlers reached through ``post`` should be idempotent: a
+    request whose response was lost is sent again. Use one client per thread (``requests.Session`` is not documented
+    as thread-safe).
+
+    Args:
+        base_url: ``http://host:port`` of the server.
+        token: The run's secret.
+        deadline_s: Total time one call may take, retries included.
+        max_retries: Most retries after the first try.
+        backoff_base_s: First backoff bound; it doubles per retry.
+        backoff_cap_s: Largest backoff bound.
+        session: A ``requests.Session`` to use (not closed by ``close()``); a private one ignoring proxy settings from
+            the environment if None.
+        attempt_timeout_s: Connect and read timeout of one try (less when the deadline is nearer).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: bytes,
+        deadline_s: float = 30.0,
+        max_retries: int = 8,
+        backoff_base_s: float = 0.05,
+        backoff_cap_s: float = 2.0,
+        session: Optional[requests.Session] = None,
+        attempt_timeout_s: float = 10.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._prefix = urllib.parse.urlsplit(self.base_url).path
+        self._token = token
+        self.deadline_s = float(deadline_s)
+        self.max_retries = int(max_retries)
+        self.backoff_base_s = float(backoff_base_s)
+        self.backoff_cap_s = float(backoff_cap_s)
+        self.attempt_timeout_s = float(attempt_timeout_s)
+        self._owns_session = session is None
+        if session is None:
+            session = requests.Session()
+            session.trust_env = False  # no proxy or .netrc from the environment on the control plane
+        self._session = session
+
+    def post(self, path: str, json_body: Any) -> Any:
+        """POST ``json_body`` to ``path`` and return the response's JSON.
+
+        Raises:
+            ProtocolError: the server's refusal (its status), or 503 when it stays unreachable or busy.
+        """
+        body = json.dumps(json_body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        return self._call("POST", path, body)
+
+    def get(self, path: str) -> Any:
+        """GET ``path`` and return the response's JSON (raises as ``post``)."""
+        return self._call("GET", path, b"")
+
+    def close(self) -> None:
+        """Close the session if this client made it."""
+        if self._owns_session:
+            self._session.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, body: bytes) -> Any:
+        start = time.monotonic()
+        deadline = start + self.deadline_s
+        tries = 0
+        last_error = "deadline passed before the first try"
+        retry_after: Optional[float] = None
+        while tries <= self.max_retries and time.monotonic() < deadline:
+            tries += 1
+            try:
+                response = self._attempt(method, path, body, deadline)
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as error:
+                last_error, retry_after = _short(f"{type(error).__name__}: {error}"), None
+            else:
+                if response.status_code not in RETRY_STATUSES:
+                    return _result(method, self.base_url + path, response)
+                refusal = _error_from_response(response)
+                last_error, retry_after = str(refusal), refusal.retry_after
+            if not self._wait_before_retry(tries, retry_after, deadline):
+                break
+        elapsed = time.monotonic() - start
+        raise ProtocolError(
+            503,
+            f"{method} {self.base_url}{path} unreachable after {tries} tries in {elapsed:.1f} s: {last_error}",
+            retry_after=retry_after,
+        )
+
+    def _attempt(self, method: str, path: str, body: bytes, deadline: float) -> requests.Response:
+        timeout = max(0.001, min(deadline - time.monotonic(), self.attempt_timeout_s))
+        headers = sign_request(self._token, method, self._prefix + path, body)
+        if method == "POST":
+            headers["Content-Type"] = "application/json"
+        return self._session.request(
+            method, self.base_url + path, data=body, headers=headers, timeout=timeout, allow_redirects=False
+        )
+
+    def _wait_before_retry(self, tries: int, retry_after: Optional[float], deadline: float) -> bool:
+        """Sleep before the next try; False when no try is left or the wait would reach the deadline."""
+        if tries > self.max_retries:
+            return False
+        bound = min(self.backoff_cap_s, self.backoff_base_s * 2 ** (tries - 1))
+        wait = random.uniform(0.0, bound) if retry_after is None else max(0.0, retry_after)
+        if wait >= deadline - time.monotonic():
+            return False  # sleeping to the deadline would leave no time to try again
+        time.sleep(wait)
+        return True
+
+
+def _result(method: str, url: str, response: requests.Response) -> Any:
+    if not 200 <= response.status_code < 300:
+        raise _error_from_response(response)
+    try:
+        return json.loads(response.content.decode("utf-8")) if response.content else None
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ProtocolError(
+            502, f"malformed JSON in the {response.status_code} response to {method} {url}: {error}"
+        ) from None
+
+
+def _error_from_response(response: requests.Response) -> ProtocolError:
+    """A ``ProtocolError`` from an error response: the JSON body's error and field, or the first line of text."""
+    try:
+        payload = json.loads(response.content.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+        message, field, retry_after = payload["error"], payload.get("field"), payload.get("retry_after")
+    else:
+        first_line = response.text.strip().splitlines()[0] if response.text.strip() else response.reason
+        message, field, retry_after = _short(str(first_line)), None, None
+    if not isinstance(retry_after, (int, float)):
+        retry_after = _parse_retry_after(response.headers.get("Retry-After"))
+    return ProtocolError(response.status_code, message, field if isinstance(field, str) else None, retry_after)
+
+
+def _parse_retry_after(value: Optional[str]) -> Optional[float]:
+    """Seconds from a ``Retry-After`` header: a number of seconds or an HTTP date; None if absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
