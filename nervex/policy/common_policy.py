@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Mapping
 
+from nervex.agent import Agent
 from nervex.config import Field
 
 from .base_policy import Output, Policy
@@ -19,6 +20,18 @@ def eps_schedule_config(**extra: Any) -> Dict[str, Any]:
         end=Field(0.05, ge=0, le=1),
         decay=Field(10000, gt=0),
     )
+
+
+def q_learn_agent(model: Any, learn: Mapping[str, Any]) -> Agent:
+    """The learn-mode Agent of the Q-learning family: ``model`` with gradients and a target copy updated by Polyak
+    averaging at ``learn.target_theta`` when it is > 0, else copied every ``learn.target_update_freq`` train steps."""
+    agent = Agent(model)
+    if learn["target_theta"] > 0:
+        agent.add_model("target", update_type="momentum", update_kwargs={"theta": learn["target_theta"]})
+    else:
+        agent.add_model("target", update_type="assign", update_kwargs={"freq": int(learn["target_update_freq"])})
+    agent.add_plugin("main", "grad", enable_grad=True)
+    return agent
 
 
 def standard_transition(obs: Any, agent_output: Output, timestep: Any) -> Dict[str, Any]:

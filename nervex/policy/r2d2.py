@@ -15,7 +15,7 @@ from nervex.rl_utils import Adder, epsilon_greedy, q_nstep_sequence_td_data, q_n
 from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
-from .common_policy import CommonPolicy, standard_transition
+from .common_policy import CommonPolicy, q_learn_agent, standard_transition
 
 
 def take_steps(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -126,14 +126,7 @@ class R2D2Policy(CommonPolicy):
         self._double = bool(learn.double)
         clip = dict(grad_clip_type="clip_norm", clip_value=float(learn.grad_clip)) if learn.grad_clip > 0 else {}
         self._optimizer = Adam(self._model.parameters(), lr=learn.learning_rate, eps=learn.adam_eps, **clip)
-        self._learn_agent = Agent(self._model)
-        if learn.target_theta > 0:
-            self._learn_agent.add_model("target", update_type="momentum", update_kwargs={"theta": learn.target_theta})
-        else:
-            self._learn_agent.add_model(
-                "target", update_type="assign", update_kwargs={"freq": int(learn.target_update_freq)}
-            )
-        self._learn_agent.add_plugin("main", "grad", enable_grad=True)
+        self._learn_agent = q_learn_agent(self._model, learn)
 
     def _window_index(self, steps: int, burnin: torch.Tensor) -> torch.Tensor:
         """``(unroll_len + nstep, B)``: the time steps ``b .. b + unroll_len + nstep - 1`` of each sample."""

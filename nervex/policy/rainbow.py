@@ -16,7 +16,7 @@ from nervex.rl_utils import Adder, dist_nstep_td_data, dist_nstep_td_error, epsi
 from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
-from .common_policy import CommonPolicy, eps_schedule_config
+from .common_policy import CommonPolicy, eps_schedule_config, q_learn_agent
 from .off_policy_ac import nstep_terms
 
 _NOT_DISTRIBUTIONAL = (
@@ -130,14 +130,7 @@ class RainbowPolicy(CommonPolicy):
             weight_decay=learn.weight_decay,
             **clip,
         )
-        self._learn_agent = Agent(self._model)
-        if learn.target_theta > 0:
-            self._learn_agent.add_model("target", update_type="momentum", update_kwargs={"theta": learn.target_theta})
-        else:
-            self._learn_agent.add_model(
-                "target", update_type="assign", update_kwargs={"freq": int(learn.target_update_freq)}
-            )
-        self._learn_agent.add_plugin("main", "grad", enable_grad=True)
+        self._learn_agent = q_learn_agent(self._model, learn)
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
         agent = self._learn_agent
