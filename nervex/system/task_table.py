@@ -504,6 +504,15 @@ class TaskTable:
         with self._lock:
             return _task_dict(self._task_row(self._require_open(), task_id))
 
+    def lease_owner(self, lease_id: str) -> str:
+        """Returns the worker a lease (current or stale) was handed to.
+
+        Raises:
+            ProtocolError: 404 unknown lease.
+        """
+        with self._lock:
+            return str(self._lease_row(self._require_open(), lease_id)["worker_id"])
+
     def tasks(self, state: Optional[str] = None, kind: Optional[str] = None) -> List[Dict[str, Any]]:
         """Returns the tasks in ``state`` and of ``kind`` (None: any), oldest first.
 

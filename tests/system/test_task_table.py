@@ -464,3 +464,19 @@ def test_concurrent_leases_never_share_a_task(tmp_path: Path) -> None:
         }
     finally:
         tt.close()
+
+
+def test_lease_owner_names_the_worker_of_a_current_or_stale_lease(tmp_path):
+    clock = [1000.0]
+    with TaskTable(str(tmp_path / "t.sqlite"), lease_s=10.0, clock=lambda: clock[0]) as table:
+        table.register("a", "actor", {})
+        table.register("b", "actor", {})
+        table.add_task("collect", {"n": 1}, task_id="t")
+        first = table.lease("a", "collect")["lease_id"]
+        clock[0] += 11.0
+        table.expire_leases()
+        second = table.lease("b", "collect")["lease_id"]
+        assert table.lease_owner(first) == "a" and table.lease_owner(second) == "b"
+        with pytest.raises(ProtocolError) as e:
+            table.lease_owner("nope")
+        assert e.value.status == 404

@@ -1,0 +1,384 @@
+"""The parallel mode's wire protocol: its version, route paths, the ``system`` config section and request checks.
+
+Every role (coordinator, manager, league manager, learner, actor) imports this module and nothing of the others, so
+what one role sends and another reads is declared once, here:
+
+* ``PROTOCOL_VERSION`` and ``config_hash``: a worker registers with both, and the coordinator refuses (403) a worker
+  of another protocol or started from another config.
+* The route paths (``REGISTER_PATH`` ...): every route is a signed JSON ``POST``.
+* ``SYSTEM_CONFIG``: the declared defaults of the config's ``system`` section; ``compile_parallel_config`` validates a
+  whole parallel-mode config (the serial sections plus ``system``), so an unknown key is an error with a suggestion.
+* ``require``/``optional``/``check_known`` and ``validate_collect_result``: request checks whose 400 names the field.
+
+Nothing here imports torch; the functions that need a policy class import it when called.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Type, Union
+
+from easydict import EasyDict
+
+from nervex.config import ConfigError, ConfigParts, Field, compile_config, is_compiled, to_plain
+from nervex.config.config import config_source
+from nervex.system.comm.errors import ProtocolError
+from nervex.system.comm.storage import KIND_PATTERN, SUFFIX
+
+PROTOCOL_VERSION = 1
+ROLES = ("actor", "learner", "manager", "league_manager")
+
+REGISTER_PATH = "/v1/register"
+HEARTBEAT_PATH = "/v1/heartbeat"
+TASK_LEASE_PATH = "/v1/task/lease"
+TASK_COMPLETE_PATH = "/v1/task/complete"
+TASK_FAIL_PATH = "/v1/task/fail"
+DATA_POLL_PATH = "/v1/data/poll"
+LEARNER_PROGRESS_PATH = "/v1/learner/progress"
+RUN_FINISH_PATH = "/v1/run/finish"
+STATUS_PATH = "/v1/status"
+ROUTES = (
+    REGISTER_PATH,
+    HEARTBEAT_PATH,
+    TASK_LEASE_PATH,
+    TASK_COMPLETE_PATH,
+    TASK_FAIL_PATH,
+    DATA_POLL_PATH,
+    LEARNER_PROGRESS_PATH,
+    RUN_FINISH_PATH,
+    STATUS_PATH,
+)
+
+COORDINATOR_URL_FILE = "coordinator.url"
+"""``<run_dir>/coordinator.url``: the coordinator's ``http://host:port``, written atomically once it listens."""
+MAX_POLL_LIMIT = 1000
+"""The most items one ``/v1/data/poll`` returns."""
+
+STORAGE_CONFIG: Dict[str, Any] = dict(
+    root=Field(None, kind="str"),  # the payload directory every process reaches; null: <run_dir>/storage
+)
+
+COORDINATOR_CONFIG: Dict[str, Any] = dict(
+    host="127.0.0.1",  # bind address; anything but loopback exposes an unencrypted control plane
+    port=Field(0, ge=0, le=65535),  # 0: the port of the previous <run_dir>/coordinator.url if free, else any free one
+    lease_s=Field(30.0, gt=0),  # a task lease lasts this long from its grant or its last heartbeat
+    heartbeat_s=Field(None, gt=0, kind="number"),  # how often workers heartbeat; null: lease_s / 3
+    max_attempts=Field(3, ge=1),  # leases a task gets (failures, expiries) before it is marked failed
+    tick_s=Field(0.2, gt=0),  # period of the background pass: expire leases, create collect tasks
+    max_pending_collect=Field(4, ge=1),  # collect tasks kept queued for actors (set >= the number of actors)
+    n_sample=Field(None, ge=1, kind="int"),  # env steps per collect task; null: the policy's policy.collect.n_sample
+    samples_per_insert=Field(None, gt=0, kind="number"),  # off-policy rate limit (Reverb's); null: off
+    max_queued_results=Field(64, ge=1),  # results the learner has not polled yet above which no task is created
+    hard_queued_results=Field(None, ge=1, kind="int"),  # ... above which a complete is refused (429); null: 2x soft
+    min_free_bytes=Field(256 << 20, ge=0),  # free space on the storage root and run dir under which results are 507
+)
+
+SYSTEM_CONFIG: Dict[str, Any] = dict(storage=STORAGE_CONFIG, coordinator=COORDINATOR_CONFIG)
+"""The ``system`` section's declared defaults; each role adds its own sub-section here."""
+
+LOCAL_KEYS = frozenset({"host", "port", "root"})
+"""Keys of a ``system`` sub-section that may differ per process (addresses, mount points): not in ``config_hash``."""
+
+_STORAGE_NAME = re.compile(rf"{KIND_PATTERN}/[0-9a-f]{{64}}{re.escape(SUFFIX)}")
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    dict: "an object",
+    list: "a list",
+}
+Kind = Union[Type[Any], Tuple[Type[Any], ...]]
+
+
+# ---- config -------------------------------------------------------------------------------------------------------
+def compile_parallel_config(cfg: Mapping[str, Any]) -> EasyDict:
+    """Validate a parallel-mode config: the serial run's sections plus ``system`` (see ``SYSTEM_CONFIG``).
+
+    Args:
+        cfg: The user's config (``read_config``), or one this function compiled (returned as it is).
+
+    Returns:
+        The compiled config, every ``system`` key present.
+
+    Raises:
+        ConfigError: an unknown key (with a suggestion), a value of the wrong type or range, or keys that contradict
+            each other (``heartbeat_s >= lease_s``); the message names the dotted key and the file.
+    """
+    if is_compiled(cfg) and "system" in cfg:
+        return cfg  # type: ignore[return-value]
+    from nervex.entry.builder import config_parts
+
+    source = config_source(cfg)
+    parts: ConfigParts = config_parts(cfg, source)
+    parts.sections["system"] = SYSTEM_CONFIG
+    parts.checks.append(_check_coordinator)
+    return compile_config(cfg, parts, source)
+
+
+def _check_coordinator(out: Dict[str, Any], where: str) -> None:
+    section = out["system"]["coordinator"]
+    heartbeat_s, lease_s = section["heartbeat_s"], section["lease_s"]
+    if heartbeat_s is not None and heartbeat_s >= lease_s:
+        raise ConfigError(
+            f"key 'system.coordinator.heartbeat_s'{where} is {heartbeat_s}, not below lease_s = {lease_s}: a worker "
+            "would lose its leases between heartbeats; use at most lease_s / 2 (or null: lease_s / 3)"
+        )
+    hard = section["hard_queued_results"]
+    if hard is not None and hard < section["max_queued_results"]:
+        raise ConfigError(
+            f"key 'system.coordinator.hard_queued_results'{where} is {hard}, below max_queued_results = "
+            f"{section['max_queued_results']}; it must be >= it (or null: twice it)"
+        )
+    if section["n_sample"] is not None:
+        unit = _policy_contract(out).collect.unit
+        if unit != "sample":
+            raise ConfigError(
+                f"key 'system.coordinator.n_sample'{where} applies to off-policy sample collection; this policy "
+                f"collects by {unit} (set it in the policy's collect section instead)"
+            )
+
+
+def _policy_contract(cfg: Mapping[str, Any]) -> Any:
+    from nervex.entry.builder import resolve_policy_class
+
+    policy_cls = resolve_policy_class(cfg["policy"], source=config_source(cfg))
+    return policy_cls.contract(cfg["policy"])
+
+
+def collect_spec(cfg: Mapping[str, Any]) -> Any:
+    """What one collect task asks for: the policy's ``CollectSpec``, its count replaced by ``system.coordinator.n_sample``.
+
+    Args:
+        cfg: A compiled parallel config.
+
+    Returns:
+        A ``nervex.policy.contract.CollectSpec`` (``unit``, ``n``, ``restart_envs``).
+    """
+    import dataclasses
+
+    spec = _policy_contract(cfg).collect
+    n_sample = cfg["system"]["coordinator"]["n_sample"]
+    return spec if n_sample is None else dataclasses.replace(spec, n=int(n_sample))
+
+
+def learning_starts(cfg: Mapping[str, Any]) -> int:
+    """Env steps the learner collects before its first gradient step (0 for on-policy data)."""
+    return int(_policy_contract(cfg).learn.learning_starts)
+
+
+def config_hash(cfg: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the compiled config as canonical JSON, without the ``system`` section's per-process keys.
+
+    Every role started from the same YAML (and the same ``--set`` overrides) computes the same hash, whatever host,
+    port or storage mount point it was given (``LOCAL_KEYS``).
+
+    Args:
+        cfg: A config; one that ``compile_parallel_config`` has not compiled is compiled first.
+    """
+    if not (is_compiled(cfg) and "system" in cfg):
+        cfg = compile_parallel_config(cfg)
+    plain = to_plain(cfg)
+    system = plain.get("system") or {}
+    plain["system"] = {
+        name: {k: v for k, v in section.items() if k not in LOCAL_KEYS} if isinstance(section, dict) else section
+        for name, section in system.items()
+    }
+    text = json.dumps(plain, sort_keys=True, separators=(",", ":"), allow_nan=True, ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def default_run_dir(cfg: Mapping[str, Any], run_root: str = "runs") -> str:
+    """``run_root/<exp_name>``, else ``run_root/<env>__<policy>__<seed>__<first 8 of config_hash>``.
+
+    Unlike a serial run's name there is no time in it: every role started from the same YAML finds the same folder.
+    """
+    name = cfg.get("exp_name")
+    if not name:
+        env = cfg["env"].get("env_id") or cfg["env"]["env_type"]
+        name = f"{env}__{cfg['policy']['policy_type']}__{cfg['seed']}__{config_hash(cfg)[:8]}"
+    return os.path.join(run_root, name)
+
+
+def storage_root(cfg: Mapping[str, Any], run_dir: str) -> str:
+    """The payload directory: ``system.storage.root``, else ``<run_dir>/storage``."""
+    return cfg["system"]["storage"]["root"] or os.path.join(run_dir, "storage")
+
+
+def write_coordinator_url(run_dir: str, url: str) -> str:
+    """Write ``url`` to ``<run_dir>/coordinator.url`` atomically (temporary file, fsync, rename); returns the path."""
+    path = os.path.join(run_dir, COORDINATOR_URL_FILE)
+    fd, temp = tempfile.mkstemp(prefix=".coordinator.url.", dir=run_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(url + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+    return path
+
+
+def read_coordinator_url(run_dir: str) -> Optional[str]:
+    """The URL in ``<run_dir>/coordinator.url``, or None when the file is missing or empty."""
+    try:
+        with open(os.path.join(run_dir, COORDINATOR_URL_FILE), encoding="ascii") as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+# ---- request checks -----------------------------------------------------------------------------------------------
+def check_known(body: Any, names: Iterable[str], where: str = "") -> Dict[str, Any]:
+    """``body`` as a dict, after refusing a body that is not an object or holds a field not in ``names``.
+
+    Raises:
+        ProtocolError: 400 naming the unknown field (and the nearest known one).
+    """
+    label = where or "body"
+    if not isinstance(body, dict):
+        raise ProtocolError(400, f"'{label}' must be a JSON object, got {_json_type(body)}", field=where or "body")
+    names = list(names)
+    for key in body:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; known fields: {', '.join(names)}"
+            raise ProtocolError(400, f"unknown field '{_join(where, key)}'{hint}", field=_join(where, key))
+    return body
+
+
+def require(body: Mapping[str, Any], name: str, kind: Kind, *, ge: Optional[float] = None, where: str = "") -> Any:
+    """The field ``name`` of ``body``, which must be present, of ``kind`` and (for numbers) ``>= ge``.
+
+    ``int`` never accepts a boolean; ``float`` accepts an integer.
+
+    Raises:
+        ProtocolError: 400 naming the field.
+    """
+    field = _join(where, name)
+    if name not in body:
+        raise ProtocolError(400, f"missing field '{field}'", field=field)
+    return _check_type(body[name], kind, field, ge)
+
+
+def optional(
+    body: Mapping[str, Any], name: str, kind: Kind, default: Any = None, *, ge: Optional[float] = None, where: str = ""
+) -> Any:
+    """Like ``require``, but a missing field or a null gives ``default``."""
+    if body.get(name) is None:
+        return default
+    return _check_type(body[name], kind, _join(where, name), ge)
+
+
+def require_storage_name(value: Any, field: str) -> str:
+    """``value`` if it is a storage name ``'<kind>/<64 hex>.safetensors'``; else a 400 naming ``field``."""
+    if not isinstance(value, str) or not _STORAGE_NAME.fullmatch(value):
+        raise ProtocolError(
+            400, f"'{field}' must be a storage name '<kind>/<64 lowercase hex>{SUFFIX}', got {value!r:.120}", field
+        )
+    return value
+
+
+COLLECT_RESULT_FIELDS = ("data", "n_samples", "env_steps", "episodes", "policy_iter", "info")
+
+
+def validate_collect_result(result: Any) -> Dict[str, Any]:
+    """Check a collect task's result: ``{data, n_samples, env_steps, episodes: [{return, length}], policy_iter}``.
+
+    ``data`` is the storage name of the trajectories, ``n_samples`` the train samples in it, ``env_steps`` the env
+    steps taken, ``episodes`` the episodes that ended during the task, ``policy_iter`` the snapshot's learner
+    iteration actually used; an optional ``info`` object holds free-form metrics.
+
+    Returns:
+        ``result`` unchanged.
+
+    Raises:
+        ProtocolError: 400 naming the field (``result.episodes[2].length``).
+    """
+    check_known(result, COLLECT_RESULT_FIELDS, "result")
+    require_storage_name(require(result, "data", str, where="result"), "result.data")
+    for name in ("n_samples", "env_steps", "policy_iter"):
+        require(result, name, int, ge=0, where="result")
+    optional(result, "info", dict, where="result")
+    for i, episode in enumerate(require(result, "episodes", list, where="result")):
+        where = f"result.episodes[{i}]"
+        check_known(episode, ("return", "length"), where)
+        require(episode, "return", float, where=where)
+        require(episode, "length", int, ge=1, where=where)
+    return result
+
+
+def _check_type(value: Any, kind: Kind, field: str, ge: Optional[float]) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not any(_is_kind(value, k) for k in kinds):
+        expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+        raise ProtocolError(400, f"'{field}' must be {expected}, got {_json_type(value)} {value!r:.80}", field=field)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError(400, f"'{field}' must be finite, got {value!r}", field=field)
+    if ge is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < ge:
+        raise ProtocolError(400, f"'{field}' must be >= {ge:g}, got {value!r}", field=field)
+    return value
+
+
+def _is_kind(value: Any, kind: Type[Any]) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _json_type(value: Any) -> str:
+    for kind, name in ((type(None), "null"), (bool, "a boolean"), (dict, "an object"), (list, "a list")):
+        if isinstance(value, kind):
+            return name
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _join(where: str, name: Any) -> str:
+    return f"{where}.{name}" if where else str(name)
+
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "ROLES",
+    "ROUTES",
+    "REGISTER_PATH",
+    "HEARTBEAT_PATH",
+    "TASK_LEASE_PATH",
+    "TASK_COMPLETE_PATH",
+    "TASK_FAIL_PATH",
+    "DATA_POLL_PATH",
+    "LEARNER_PROGRESS_PATH",
+    "RUN_FINISH_PATH",
+    "STATUS_PATH",
+    "COORDINATOR_URL_FILE",
+    "MAX_POLL_LIMIT",
+    "SYSTEM_CONFIG",
+    "COORDINATOR_CONFIG",
+    "STORAGE_CONFIG",
+    "LOCAL_KEYS",
+    "COLLECT_RESULT_FIELDS",
+    "compile_parallel_config",
+    "collect_spec",
+    "learning_starts",
+    "config_hash",
+    "default_run_dir",
+    "storage_root",
+    "write_coordinator_url",
+    "read_coordinator_url",
+    "check_known",
+    "require",
+    "optional",
+    "require_storage_name",
+    "validate_collect_result",
+]
