@@ -15,7 +15,7 @@ from nervex.rl_utils import Adder, epsilon_greedy, q_nstep_sequence_td_data, q_n
 from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
-from .common_policy import CommonPolicy, q_learn_agent, standard_transition
+from .common_policy import CommonPolicy, eps_schedule_config, q_learn_agent, standard_transition
 
 
 def take_steps(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -79,16 +79,7 @@ class R2D2Policy(CommonPolicy):
             double=True,
             grad_clip=Field(0.0, ge=0),  # max gradient norm; 0 turns clipping off
         ),
-        command=dict(
-            eps=dict(
-                type=Field("exp", choices=("exp", "linear")),
-                start=Field(0.95, ge=0, le=1),
-                end=Field(0.05, ge=0, le=1),
-                decay=Field(10000, gt=0),
-                per_env=False,
-                per_env_alpha=Field(7.0, ge=0),
-            )
-        ),
+        command=dict(eps=eps_schedule_config(per_env=False, per_env_alpha=Field(7.0, ge=0))),
     )
 
     @classmethod
