@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from nervex.agent import Agent
 from nervex.config import Field
@@ -31,6 +31,18 @@ def q_learn_agent(model: Any, learn: Mapping[str, Any]) -> Agent:
     else:
         agent.add_model("target", update_type="assign", update_kwargs={"freq": int(learn["target_update_freq"])})
     agent.add_plugin("main", "grad", enable_grad=True)
+    return agent
+
+
+def acting_agent(model: Any, sample: str, hidden_state: Optional[Dict[str, Any]] = None) -> Agent:
+    """A collect- or eval-mode Agent: ``model`` without gradients, acting through the ``sample`` plugin
+    (``'eps_greedy_sample'``, ``'argmax_sample'``), after a ``hidden_state`` plugin with these kwargs for a
+    recurrent model."""
+    agent = Agent(model)
+    if hidden_state is not None:
+        agent.add_plugin("main", "hidden_state", **hidden_state)
+    agent.add_plugin("main", sample)
+    agent.add_plugin("main", "grad", enable_grad=False)
     return agent
 
 

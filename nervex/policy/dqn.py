@@ -6,13 +6,12 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from nervex.agent import Agent
 from nervex.config import Field
 from nervex.rl_utils import Adder, epsilon_greedy, q_nstep_td_data, q_nstep_td_error
 from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
-from .common_policy import CommonPolicy, eps_schedule_config, q_learn_agent
+from .common_policy import CommonPolicy, acting_agent, eps_schedule_config, q_learn_agent
 
 
 class DQNPolicy(CommonPolicy):
@@ -110,9 +109,7 @@ class DQNPolicy(CommonPolicy):
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
         self._adder = Adder(self._use_cuda, kind="nstep", nstep=self._nstep, gamma=self._gamma)
-        self._collect_agent = Agent(self._model)
-        self._collect_agent.add_plugin("main", "eps_greedy_sample")
-        self._collect_agent.add_plugin("main", "grad", enable_grad=False)
+        self._collect_agent = acting_agent(self._model, "eps_greedy_sample")
 
     def _forward_collect(self, data_id: List[int], data: Any, eps: float = 0.0) -> Output:
         self._collect_agent.mode(train=False)
@@ -120,9 +117,7 @@ class DQNPolicy(CommonPolicy):
 
     # ---- eval ------------------------------------------------------------------------------------------------
     def _init_eval(self) -> None:
-        self._eval_agent = Agent(self._model)
-        self._eval_agent.add_plugin("main", "argmax_sample")
-        self._eval_agent.add_plugin("main", "grad", enable_grad=False)
+        self._eval_agent = acting_agent(self._model, "argmax_sample")
 
     def _forward_eval(self, data_id: List[int], data: Any) -> Output:
         self._eval_agent.mode(train=False)

@@ -8,14 +8,13 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from easydict import EasyDict
 
-from nervex.agent import Agent
 from nervex.config import ConfigError, Field
 from nervex.data.priority import sequence_priority
 from nervex.rl_utils import Adder, epsilon_greedy, q_nstep_sequence_td_data, q_nstep_sequence_td_error
 from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
-from .common_policy import CommonPolicy, eps_schedule_config, q_learn_agent, standard_transition
+from .common_policy import CommonPolicy, acting_agent, eps_schedule_config, q_learn_agent, standard_transition
 
 
 def take_steps(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -193,10 +192,9 @@ class R2D2Policy(CommonPolicy):
             first_only=("prev_state",),
         )
         self._per_env_alpha = float(self._cfg.command.eps.per_env_alpha) if self._cfg.command.eps.per_env else None
-        self._collect_agent = Agent(self._model)
-        self._collect_agent.add_plugin("main", "hidden_state", init_fn=self._model.initial_state, save_prev_state=True)
-        self._collect_agent.add_plugin("main", "eps_greedy_sample")
-        self._collect_agent.add_plugin("main", "grad", enable_grad=False)
+        self._collect_agent = acting_agent(
+            self._model, "eps_greedy_sample", hidden_state=dict(init_fn=self._model.initial_state, save_prev_state=True)
+        )
 
     def _env_eps(self, data_id: List[int], eps: float) -> Any:
         """``eps`` for every env, or Ape-X's per-env rates ``eps ** (1 + alpha * i / (N - 1))``."""
@@ -220,10 +218,9 @@ class R2D2Policy(CommonPolicy):
 
     # ---- eval ------------------------------------------------------------------------------------------------
     def _init_eval(self) -> None:
-        self._eval_agent = Agent(self._model)
-        self._eval_agent.add_plugin("main", "hidden_state", init_fn=self._model.initial_state)
-        self._eval_agent.add_plugin("main", "argmax_sample")
-        self._eval_agent.add_plugin("main", "grad", enable_grad=False)
+        self._eval_agent = acting_agent(
+            self._model, "argmax_sample", hidden_state=dict(init_fn=self._model.initial_state)
+        )
 
     def _forward_eval(self, data_id: List[int], data: Any) -> Output:
         self._eval_agent.mode(train=False)

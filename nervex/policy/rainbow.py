@@ -9,14 +9,13 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from easydict import EasyDict
 
-from nervex.agent import Agent
 from nervex.config import ConfigError, Field
 from nervex.model import DistributionalHead, NoisyLinear
 from nervex.rl_utils import Adder, dist_nstep_td_data, dist_nstep_td_error, epsilon_greedy
 from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
-from .common_policy import CommonPolicy, eps_schedule_config, q_learn_agent
+from .common_policy import CommonPolicy, acting_agent, eps_schedule_config, q_learn_agent
 from .off_policy_ac import nstep_terms
 
 _NOT_DISTRIBUTIONAL = (
@@ -172,9 +171,7 @@ class RainbowPolicy(CommonPolicy):
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
         self._adder = Adder(self._use_cuda, kind="nstep", nstep=self._nstep, gamma=self._gamma)
-        self._collect_agent = Agent(self._model)
-        self._collect_agent.add_plugin("main", "eps_greedy_sample")
-        self._collect_agent.add_plugin("main", "grad", enable_grad=False)
+        self._collect_agent = acting_agent(self._model, "eps_greedy_sample")
 
     def _forward_collect(self, data_id: List[int], data: Any, eps: float = 0.0) -> Output:
         # NoisyNet explores through its noise: a noisy model acts in training mode (a new draw per forward)
@@ -183,9 +180,7 @@ class RainbowPolicy(CommonPolicy):
 
     # ---- eval ------------------------------------------------------------------------------------------------
     def _init_eval(self) -> None:
-        self._eval_agent = Agent(self._model)
-        self._eval_agent.add_plugin("main", "argmax_sample")
-        self._eval_agent.add_plugin("main", "grad", enable_grad=False)
+        self._eval_agent = acting_agent(self._model, "argmax_sample")
 
     def _forward_eval(self, data_id: List[int], data: Any) -> Output:
         self._eval_agent.mode(train=False)  # greedy on the noiseless (mean) network
