@@ -3,6 +3,8 @@
 #   ./run.sh train [CONFIG] [nervex CLI args]   train (default: CartPole DQN)
 #   ./run.sh test  [pytest args]                run the default test suite (excludes @slow)
 #   ./run.sh bench NAME [args]                  run bench/NAME.py (installs the [bench] peers)
+#   ./run.sh dist CONFIG [--actors N]           parallel mode on this machine: coordinator, league manager, learner,
+#                                               a manager and its actors on 127.0.0.1 (nervex/system/launch.py)
 # Each command first creates or reuses the virtual environment .venv (override with NERVEX_VENV) and installs
 # nervex into it, installing the CPU build torch==2.13.0 first when torch is absent.
 set -euo pipefail
@@ -61,11 +63,12 @@ case "$cmd" in
     exec "$PY" "bench/$name.py" "$@"
     ;;
   dist)
-    echo "run.sh: the parallel mode (coordinator, learner and actor processes) is not built yet" >&2
-    exit 2
+    setup test
+    config="${1:?usage: ./run.sh dist CONFIG [--actors N] [--timeout S] [--run-dir DIR] [--set KEY=VALUE]}"; shift
+    exec "$PY" -m nervex.system.launch "$config" "$@"
     ;;
   *)
-    echo "usage: ./run.sh train [CONFIG] [args] | ./run.sh test [pytest args] | ./run.sh bench NAME [args]" >&2
+    echo "usage: ./run.sh train [CONFIG] [args] | ./run.sh test [pytest args] | ./run.sh bench NAME [args] | ./run.sh dist CONFIG [args]" >&2
     exit 2
     ;;
 esac

@@ -41,6 +41,7 @@ from nervex.system.protocol import (
     COORDINATOR_CONFIG,
     DATA_POLL_PATH,
     HEARTBEAT_PATH,
+    LEAGUE_UPDATE_PATH,
     LEARNER_PROGRESS_PATH,
     MAX_POLL_LIMIT,
     PROTOCOL_VERSION,
@@ -86,10 +87,12 @@ class SnapshotChoice:
     Attributes:
         snapshot: Storage name of the policy weights; None: the actor's freshly initialised policy.
         policy_iter: The learner iteration the snapshot was taken at.
+        opponent: Storage name of an opponent's weights (self-play; None for one player).
     """
 
     snapshot: Optional[str]
     policy_iter: int
+    opponent: Optional[str] = None
 
 
 class SnapshotSource(Protocol):
@@ -113,6 +116,40 @@ class LatestLearnerSnapshot:
     def choose(self) -> SnapshotChoice:
         report = self._progress()
         return SnapshotChoice(report.get("snapshot"), int(report.get("policy_iter", 0)))
+
+
+class LeagueOrLearnerSnapshot:
+    """The ``SnapshotSource`` of a run with a league manager: its choice while it is alive, else the learner's newest.
+
+    The league manager posts its choice on ``/v1/league/update`` every ``system.league.poll_s``; a choice older than
+    ``stale_s`` (the league manager died and its manager has not restarted it yet) falls back to the learner's newest
+    snapshot, so collection never waits on the league.
+
+    Args:
+        league: Returns the league manager's last update (``{}`` before the first).
+        latest: The fallback source.
+        clock: Seconds (the coordinator's clock).
+        stale_s: Age after which the league's choice is ignored.
+    """
+
+    def __init__(
+        self,
+        league: Callable[[], Mapping[str, Any]],
+        latest: SnapshotSource,
+        clock: Callable[[], float],
+        stale_s: float,
+    ) -> None:
+        self._league = league
+        self._latest = latest
+        self._clock = clock
+        self.stale_s = float(stale_s)
+
+    def choose(self) -> SnapshotChoice:
+        update = self._league()
+        choice = update.get("choice")
+        if not choice or self._clock() - float(update.get("updated_at", 0.0)) > self.stale_s:
+            return self._latest.choose()
+        return SnapshotChoice(choice.get("snapshot"), int(choice.get("policy_iter", 0)), choice.get("opponent"))
 
 
 class Coordinator:
@@ -158,7 +195,12 @@ class Coordinator:
         self._clock = clock
         self._collect = collect_spec(self.cfg)
         self._learning_starts = learning_starts(self.cfg)
-        self._snapshot_source = snapshot_source or LatestLearnerSnapshot(self.learner_progress)
+        self._snapshot_source = snapshot_source or LeagueOrLearnerSnapshot(
+            self.league_update,
+            LatestLearnerSnapshot(self.learner_progress),
+            clock,
+            stale_s=max(5.0, 20 * float(self.cfg.system.league.poll_s)),
+        )
         self.heartbeat_s = float(self.settings.heartbeat_s or self.settings.lease_s / 3)
         self.hard_queued_results = int(self.settings.hard_queued_results or 2 * self.settings.max_queued_results)
         self._lock = threading.RLock()  # completions, ingestion and task creation, one at a time
@@ -242,6 +284,10 @@ class Coordinator:
         """The learner's last ``/v1/learner/progress`` report (``{}`` before the first)."""
         return self._run_state().get("learner", {})
 
+    def league_update(self) -> Dict[str, Any]:
+        """The league manager's last ``/v1/league/update`` (``{}`` before the first)."""
+        return self._run_state().get("league", {})
+
     def finished(self) -> Optional[Dict[str, Any]]:
         """``{reason, worker_id, at}`` once the run has finished, else None."""
         return self._run_state().get("finished")
@@ -279,6 +325,7 @@ class Coordinator:
             LEARNER_PROGRESS_PATH: self._progress,
             RUN_FINISH_PATH: self._finish,
             STATUS_PATH: self._status,
+            LEAGUE_UPDATE_PATH: self._league,
         }
         for path, handler in handlers.items():
             server.route(path, ["POST"], _disk_full_as_507(handler))
@@ -353,7 +400,24 @@ class Coordinator:
         task = self.task_table.lease(worker_id, kind)
         if task is not None:
             task = {key: task[key] for key in ("task_id", "lease_id", "deadline", "payload")}
+            if kind == "collect":
+                task["payload"] = self._at_lease(task["payload"])
         return {"task": task, "stop": False}
+
+    def _at_lease(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        """A collect task's payload completed when it is handed out: the snapshot to act with is chosen now (not when
+        the task was queued, so a new snapshot reaches the next task at once) and the run's progress is attached for
+        the actor's exploration schedule (``env_step``: accepted env steps; ``train_iter``: the learner's)."""
+        choice = self._snapshot_source.choose()
+        learner = self.learner_progress()
+        return dict(
+            payload,
+            snapshot=choice.snapshot,
+            policy_iter=choice.policy_iter,
+            opponent=choice.opponent,
+            env_step=int(self._run_state().env_steps),
+            train_iter=int(learner.get("train_iter", 0)),
+        )
 
     def _complete(self, body: Any) -> Dict[str, Any]:
         check_known(body, ("worker_id", "task_id", "lease_id", "result"))
@@ -410,6 +474,33 @@ class Coordinator:
         report["updated_at"] = self._clock()
         self._run_state().put("learner", report)
         return {}
+
+    def _league(self, body: Any) -> Dict[str, Any]:
+        """The league manager sets the snapshot (and opponent) of the next collect tasks; it gets the learner's
+        progress and the accepted env steps back."""
+        check_known(body, ("worker_id", "choice"))
+        worker_id = require(body, "worker_id", str)
+        role = self._role(worker_id)
+        if role != "league_manager":
+            raise ProtocolError(
+                403, f"worker {worker_id!r} is a {role}; only the league manager may do this", "worker_id"
+            )
+        choice = optional(body, "choice", dict)
+        if choice is not None:
+            check_known(choice, ("snapshot", "policy_iter", "player", "opponent"), "choice")
+            for name in ("snapshot", "opponent"):
+                value = optional(choice, name, str, where="choice")
+                if value is not None:
+                    require_storage_name(value, f"choice.{name}")
+            require(choice, "policy_iter", int, ge=0, where="choice")
+            optional(choice, "player", str, where="choice")
+            self._run_state().put("league", {"choice": choice, "worker_id": worker_id, "updated_at": self._clock()})
+        self.task_table.heartbeat(worker_id, [])
+        return {
+            "learner": self.learner_progress(),
+            "env_steps_accepted": self._run_state().env_steps,
+            "stop": self._is_finished(),
+        }
 
     def _finish(self, body: Any) -> Dict[str, Any]:
         check_known(body, ("worker_id", "reason"))
@@ -597,6 +688,7 @@ __all__ = [
     "Coordinator",
     "CoordinatorError",
     "LatestLearnerSnapshot",
+    "LeagueOrLearnerSnapshot",
     "SnapshotChoice",
     "SnapshotSource",
     "collect_budget",

@@ -43,6 +43,7 @@ DATA_POLL_PATH = "/v1/data/poll"
 LEARNER_PROGRESS_PATH = "/v1/learner/progress"
 RUN_FINISH_PATH = "/v1/run/finish"
 STATUS_PATH = "/v1/status"
+LEAGUE_UPDATE_PATH = "/v1/league/update"
 ROUTES = (
     REGISTER_PATH,
     HEARTBEAT_PATH,
@@ -53,9 +54,11 @@ ROUTES = (
     LEARNER_PROGRESS_PATH,
     RUN_FINISH_PATH,
     STATUS_PATH,
+    LEAGUE_UPDATE_PATH,
 )
 
 COORDINATOR_URL_FILE = "coordinator.url"
+MANAGER_URL_FILE = "manager.url"
 """``<run_dir>/coordinator.url``: the coordinator's ``http://host:port``, written atomically once it listens."""
 MAX_POLL_LIMIT = 1000
 """The most items one ``/v1/data/poll`` returns."""
@@ -79,7 +82,43 @@ COORDINATOR_CONFIG: Dict[str, Any] = dict(
     min_free_bytes=Field(256 << 20, ge=0),  # free space on the storage root and run dir under which results are 507
 )
 
-SYSTEM_CONFIG: Dict[str, Any] = dict(storage=STORAGE_CONFIG, coordinator=COORDINATOR_CONFIG)
+LEARNER_CONFIG: Dict[str, Any] = dict(
+    snapshot_every=Field(10, ge=1),  # off-policy: publish the weights every this many gradient steps
+    snapshot_min_interval_s=Field(0.2, ge=0),  # ... but not more often than this (on-policy: after every rollout)
+    keep_snapshots=Field(8, ge=2),  # the learner deletes its older snapshot files (league copies are kept apart)
+    max_policy_lag=Field(None, ge=0, kind="int"),  # drop data whose snapshot is this many gradient steps old; null: off
+    poll_limit=Field(100, ge=1, le=1000),  # results fetched per /v1/data/poll
+    poll_wait_s=Field(0.02, gt=0),  # sleep when a poll brought nothing and nothing is left to train on
+    checkpoint_interval_min=Field(10.0, gt=0),  # write <run_dir>/ckpt/iteration_<n>.pt this often (and on SIGTERM)
+    keep_checkpoints=Field(3, ge=1),  # periodic checkpoints kept (best.pt apart)
+    dist_timeout_s=Field(120.0, gt=0),  # torch.distributed process-group timeout (several learner ranks)
+)
+
+ACTOR_CONFIG: Dict[str, Any] = dict(
+    idle_wait_s=Field(0.02, gt=0),  # first wait when no collect task is available (doubles up to 0.5 s)
+    seed_stride=Field(1000, ge=1),  # actor i seeds its envs from seed + (i + 1) * seed_stride
+)
+
+MANAGER_CONFIG: Dict[str, Any] = dict(
+    actors=Field(1, ge=0),  # actor processes each manager starts and restarts
+    max_restarts=Field(20, ge=0),  # restarts per worker slot before the manager gives up on it
+    restart_backoff_s=Field(1.0, ge=0),  # first wait before a restart (doubles per quick death, at most 30 s)
+)
+
+LEAGUE_CONFIG: Dict[str, Any] = dict(
+    poll_s=Field(0.1, gt=0),  # how often the league manager reads the learner's progress and sets the choice
+    keep_history=Field(32, ge=1),  # snapshots of the main player kept as league history (future opponents)
+    history_every=Field(1000, ge=1),  # gradient steps between two history snapshots
+)
+
+SYSTEM_CONFIG: Dict[str, Any] = dict(
+    storage=STORAGE_CONFIG,
+    coordinator=COORDINATOR_CONFIG,
+    learner=LEARNER_CONFIG,
+    actor=ACTOR_CONFIG,
+    manager=MANAGER_CONFIG,
+    league=LEAGUE_CONFIG,
+)
 """The ``system`` section's declared defaults; each role adds its own sub-section here."""
 
 LOCAL_KEYS = frozenset({"host", "port", "root"})
@@ -361,6 +400,11 @@ __all__ = [
     "LEARNER_PROGRESS_PATH",
     "RUN_FINISH_PATH",
     "STATUS_PATH",
+    "LEAGUE_UPDATE_PATH",
+    "LEARNER_CONFIG",
+    "ACTOR_CONFIG",
+    "MANAGER_CONFIG",
+    "LEAGUE_CONFIG",
     "COORDINATOR_URL_FILE",
     "MAX_POLL_LIMIT",
     "SYSTEM_CONFIG",

@@ -11,7 +11,7 @@ import os
 import pickle
 import tempfile
 from collections import OrderedDict
-from typing import Any, Dict, Union
+from typing import Any, Dict, Optional, Union
 
 import numpy as np
 import torch
@@ -100,13 +100,29 @@ def save_checkpoint(state: Dict[str, Any], path: PathLike) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
-    except BaseException:
+    except BaseException as error:
         try:
             os.remove(tmp_path)
         except FileNotFoundError:
             pass
+        os_error = _os_error_in(error)
+        if os_error is not None and not isinstance(error, OSError):
+            # torch.save reports a failed write (a full disk) as RuntimeError with the OSError as its context
+            raise OSError(os_error.errno, f"cannot write checkpoint {path}: {os_error.strerror or os_error}") from error
         raise
     _fsync_dir(directory)
+
+
+def _os_error_in(error: BaseException) -> Optional[OSError]:
+    """The first ``OSError`` in ``error``'s cause/context chain (itself included), or None."""
+    seen = set()
+    current: Optional[BaseException] = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class CheckpointError(ValueError):

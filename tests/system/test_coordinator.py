@@ -31,6 +31,7 @@ from nervex.system.coordinator import Coordinator, CoordinatorError
 from nervex.system.protocol import (
     COORDINATOR_URL_FILE,
     DATA_POLL_PATH,
+    LEAGUE_UPDATE_PATH,
     HEARTBEAT_PATH,
     LEARNER_PROGRESS_PATH,
     PROTOCOL_VERSION,
@@ -211,6 +212,9 @@ def test_lease_complete_then_poll_returns_the_result_once_with_its_seq(harness):
         "snapshot": None,
         "policy_iter": 0,
         "task_index": 0,
+        "opponent": None,
+        "env_step": 0,
+        "train_iter": 0,
     }
     result = h.result()
     assert h.complete("actor0", task, result) is True
@@ -232,6 +236,47 @@ def test_new_tasks_name_the_learners_newest_snapshot(harness):
     h.coordinator.tick()
     payload = h.lease("actor0")["payload"]
     assert (payload["snapshot"], payload["policy_iter"], payload["task_index"]) == (snapshot, 7, 1)
+    assert (payload["env_step"], payload["train_iter"]) == (N_SAMPLE, 1)
+
+
+def test_the_snapshot_is_chosen_when_the_task_is_leased_not_when_it_was_queued(harness):
+    h = harness(max_pending_collect=2)
+    h.register("actor0")
+    h.register("learner0", role="learner")
+    h.coordinator.tick()  # two tasks queued before any snapshot exists
+    snapshot = h.storage.put(b"weights", "policy")
+    h.progress(sampled=0, snapshot=snapshot, policy_iter=3)
+    payload = h.lease("actor0")["payload"]
+    assert (payload["task_index"], payload["snapshot"], payload["policy_iter"]) == (0, snapshot, 3)
+
+
+def test_the_league_managers_choice_wins_while_it_is_fresh_then_the_learners_newest(harness):
+    h = harness(max_pending_collect=4)
+    h.register("actor0")
+    h.register("learner0", role="learner")
+    h.register("league0", role="league_manager")
+    learner_snap = h.storage.put(b"learner weights", "snapshot")
+    league_snap = h.storage.put(b"league weights", "league")
+    h.progress(sampled=0, snapshot=learner_snap, policy_iter=9)
+    h.coordinator.tick()
+    client = h.client
+    answer = client.post(
+        LEAGUE_UPDATE_PATH,
+        {"worker_id": "league0", "choice": {"snapshot": league_snap, "policy_iter": 5, "player": "main"}},
+    )
+    assert answer["learner"]["snapshot"] == learner_snap
+    assert h.lease("actor0")["payload"]["snapshot"] == league_snap
+    h.clock.now += 3600.0  # the league manager went quiet: fall back to the learner's newest
+    h.progress(sampled=0, snapshot=learner_snap, policy_iter=9)
+    assert h.lease("actor0")["payload"]["snapshot"] == learner_snap
+    error = refusal(lambda: client.post(LEAGUE_UPDATE_PATH, {"worker_id": "actor0", "choice": None}))
+    assert error.status == 403
+    error = refusal(
+        lambda: client.post(
+            LEAGUE_UPDATE_PATH, {"worker_id": "league0", "choice": {"snapshot": "../x", "policy_iter": 1}}
+        )
+    )
+    assert (error.status, error.field) == (400, "choice.snapshot")
 
 
 @pytest.mark.parametrize(
@@ -539,7 +584,11 @@ def test_kill_9_and_restart_keeps_the_task_table_and_the_client_reconnects(tmp_p
         time.sleep(max(0.0, leased["deadline"] - time.time()) + 0.5)  # the killed lease runs out
         again = client.post(TASK_LEASE_PATH, {"worker_id": "actor0", "kind": "collect"})["task"]
         assert again["task_id"] == leased["task_id"] and again["lease_id"] != leased["lease_id"]
-        assert again["payload"] == leased["payload"]
+        progress = ("env_step", "train_iter")  # filled in at lease time: the run has moved on since
+        assert {k: v for k, v in again["payload"].items() if k not in progress} == {
+            k: v for k, v in leased["payload"].items() if k not in progress
+        }
+        assert again["payload"]["env_step"] == leased["payload"]["env_step"] + N_SAMPLE
 
         processes[1].send_signal(signal.SIGTERM)
         assert processes[1].wait(timeout=30) == 0

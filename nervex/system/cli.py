@@ -1,0 +1,66 @@
+"""The command line every ``python -m nervex.system.<role>_start`` shares: config, run directory, overrides, address.
+
+Each role's module parses with ``build_parser`` and loads with ``load_config``; torch and the policies are imported
+only after parsing, so ``--help`` answers at once. Exit statuses: 0 after a clean stop, 1 on an unexpected error,
+2 for bad input (a config error, a refused registration, a run directory held by another coordinator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, List, Optional, Tuple
+
+
+def build_parser(role: str, description: str) -> argparse.ArgumentParser:
+    """The shared options: ``-c/--config``, ``--run-dir``, ``--set KEY=VALUE`` (repeatable), ``--url``."""
+    parser = argparse.ArgumentParser(prog=f"python -m nervex.system.{role}_start", description=description)
+    parser.add_argument("-c", "--config", required=True, help="the run's YAML config (the same file for every role)")
+    parser.add_argument(
+        "--run-dir",
+        default=None,
+        help="run directory shared by the roles (default: runs/<exp_name>, else runs/<env>__<policy>__<seed>__<hash>)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted config override, e.g. system.coordinator.lease_s=10 (every role needs the same ones)",
+    )
+    if role != "coordinator":
+        parser.add_argument(
+            "--url",
+            default=None,
+            help="address to talk to (default: the one in <run_dir>/coordinator.url; a manager gives its children its "
+            "relay address)",
+        )
+        parser.add_argument("--worker-id", default=None, help="id at the coordinator (default: <role>-<host>-<pid>)")
+    return parser
+
+
+def load_config(prog: str, args: argparse.Namespace) -> Optional[Tuple[Any, str]]:
+    """``(compiled config, run_dir)``, or None after printing the config error to stderr (exit with 2)."""
+    from nervex.config import ConfigError, apply_overrides, read_config
+    from nervex.system.protocol import compile_parallel_config, default_run_dir
+
+    try:
+        cfg = compile_parallel_config(apply_overrides(read_config(args.config), args.overrides))
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return None
+    return cfg, args.run_dir or default_run_dir(cfg)
+
+
+def forward_args(args: argparse.Namespace) -> List[str]:
+    """The shared options as a command line again (a manager starting its children)."""
+    out = ["--config", args.config]
+    if args.run_dir:
+        out += ["--run-dir", args.run_dir]
+    for item in args.overrides:
+        out += ["--set", item]
+    return out
+
+
+__all__ = ["build_parser", "forward_args", "load_config"]

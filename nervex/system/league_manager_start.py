@@ -1,0 +1,45 @@
+"""Start the league manager of a parallel run: ``python -m nervex.system.league_manager_start --config x.yaml``.
+
+Logs go to ``<run_dir>/logs/league_manager.log``; it stops when the run finishes or on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+from nervex.system.cli import build_parser, load_config
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser(
+        "league_manager", "Run the league manager of a parallel nervex run: players, snapshots, what actors play."
+    )
+    args = parser.parse_args(argv)
+    loaded = load_config("league_manager_start", args)
+    if loaded is None:
+        return 2
+    cfg, run_dir = loaded
+    from nervex.system.league_manager import LeagueManagerRole
+    from nervex.system.worker import StopFlag, WorkerExit, close_role_logger, default_worker_id, role_logger
+
+    logger = role_logger(run_dir, "league_manager")
+    stop = StopFlag()
+    try:
+        LeagueManagerRole(cfg, run_dir, args.worker_id or default_worker_id("league_manager"), args.url, logger).run(
+            stop
+        )
+    except WorkerExit as error:
+        logger.error("%s", error)
+        return error.code
+    except Exception:
+        logger.exception("league manager failed")
+        return 1
+    finally:
+        stop.restore()
+        close_role_logger(logger)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
