@@ -120,6 +120,7 @@ class SerialTrainer:
         self.learner = make_learner(cfg, self.policy, self.run_dir, self.logger, self.scalar_writer)
         self.actor = make_actor(cfg, collector_env, self.policy, self.seed, callbacks=_ActorCallbacks(self))
         self.evaluator = make_evaluator(cfg, evaluator_env, self.policy)
+        self.evaluator.logger = self.logger  # its env-restart warnings go to the run's log.txt
         self.buffer = make_buffer(cfg, self.contract, self.seed)
         self._shuffle = torch.Generator().manual_seed(self.seed)  # on-policy minibatch order
         self.eval_csv = CsvWriter(os.path.join(self.run_dir, "eval.csv"), EVAL_CSV_FIELDS)

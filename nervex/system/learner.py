@@ -111,6 +111,7 @@ class LearnerRole:
             self.contract = type(self.policy).contract(self.policy.cfg)
             self.learner = make_learner(self.cfg, self.policy, run_dir if self.is_main else None, self.logger, None)
             self.evaluator = make_evaluator(self.cfg, evaluator_env, self.policy)
+            self.evaluator.logger = self.logger
             self.buffer = make_buffer(self.cfg, self.contract, self.seed)
         except BaseException:
             for manager in self._env_managers:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any, Dict, List, Optional
@@ -10,7 +11,11 @@ import numpy as np
 
 from nervex.config import Field, compile_section
 
+from .env_manager import BaseEnvManager
 from .serial_actor import action_clipper
+
+# the evaluator env manager's failure counters reported by eval(), as eval/env_<name>
+ENV_FAULT_COUNTERS = ("restarts", "timeouts", "crashes")
 
 
 def eval_episodes_per_env(n_episode: int, env_num: int) -> int:
@@ -29,6 +34,7 @@ class SerialEvaluator:
             ``stop_val`` (mean return at which training stops).
         env_manager: An env manager built with ``episode_num = eval_episodes_per_env(n_episode, env_num)``.
         eval_mode: ``policy.eval_mode``.
+        logger: Where a warning goes when envs were restarted during an evaluation; default: this module's logger.
     """
 
     config: Dict[str, Any] = dict(
@@ -38,10 +44,17 @@ class SerialEvaluator:
         eval_at_start=False,  # also evaluate the untrained policy at env step 0
     )
 
-    def __init__(self, cfg: Optional[Dict[str, Any]], env_manager: Any, eval_mode: Any) -> None:
+    def __init__(
+        self,
+        cfg: Optional[Dict[str, Any]],
+        env_manager: BaseEnvManager,
+        eval_mode: Any,
+        logger: Optional[logging.Logger] = None,
+    ) -> None:
         self._cfg = compile_section(SerialEvaluator, cfg, "evaluator")
         self._env = env_manager
         self._policy = eval_mode
+        self.logger = logger or logging.getLogger(__name__)
         self._last_eval_step: float = -math.inf if cfg.get("eval_at_start", False) else 0
         self.eval_time = 0.0
         self.best_reward = -math.inf
@@ -58,10 +71,13 @@ class SerialEvaluator:
 
         Returns:
             ``{'eval/mean_reward', 'eval/std_reward', 'eval/min_reward', 'eval/max_reward', 'eval/mean_ep_len',
-            'eval/n_episode', 'eval/time', 'stop', 'best'}``; ``stop`` is true when the mean reached ``stop_val``,
-            ``best`` when it beat every earlier evaluation.
+            'eval/n_episode', 'eval/time', 'eval/env_restarts', 'eval/env_timeouts', 'eval/env_crashes',
+            'stop', 'best'}``; ``stop`` is true when the mean reached ``stop_val``, ``best`` when it beat every earlier
+            evaluation. The ``eval/env_*`` counters are the env manager's (``stats``), counted since it was built;
+            episodes cut by a restart are left out of the returns.
         """
         start = time.perf_counter()
+        restarts_before = self._env.stats["restarts"]
         self._last_eval_step = env_step
         self._env.reset()
         self._policy.reset(None)
@@ -86,6 +102,7 @@ class SerialEvaluator:
         best = mean > self.best_reward
         if best:
             self.best_reward = mean
+        faults = self._report_env_faults(restarts_before, env_step)
         return {
             "eval/mean_reward": mean,
             "eval/std_reward": float(np.std(returns)) if returns else float("nan"),
@@ -94,11 +111,25 @@ class SerialEvaluator:
             "eval/mean_ep_len": float(np.mean(lengths)) if lengths else float("nan"),
             "eval/n_episode": len(returns),
             "eval/time": elapsed,
+            **faults,
             "train_iter": train_iter,
             "env_step": env_step,
             "stop": bool(returns) and mean >= self._cfg["stop_val"],
             "best": best,
         }
+
+    def _report_env_faults(self, restarts_before: int, env_step: int) -> Dict[str, int]:
+        """The env manager's fault counters as ``eval/env_<name>``; a warning when envs were restarted meanwhile."""
+        stats = self._env.stats
+        faults = {f"eval/env_{name}": int(stats[name]) for name in ENV_FAULT_COUNTERS}
+        new_restarts = stats["restarts"] - restarts_before
+        if new_restarts > 0:
+            self.logger.warning(
+                f"[evaluator] {new_restarts} env restart(s) during the evaluation at env_step={env_step}; since the "
+                f"start: restarts: {stats['restarts']}, timeouts: {stats['timeouts']}, crashes: {stats['crashes']}, "
+                f"dropped episodes: {stats['dropped_episodes']}"
+            )
+        return faults
 
     def close(self) -> None:
         self._env.close()

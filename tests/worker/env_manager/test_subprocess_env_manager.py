@@ -6,15 +6,17 @@ import gc
 import json
 import multiprocessing as mp
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
-from nervex.envs import GymEnv
+from nervex.envs import BaseEnv, BaseEnvInfo, BaseEnvTimestep, GymEnv
 from nervex.worker.actor.env_manager import EnvError, SubprocessEnvManager
 from nervex.worker.actor.env_manager.worker_pool import split_envs
 
@@ -151,20 +153,138 @@ def test_dead_worker_is_restarted(fault, reason, trace_fragment):
 
 def test_hung_step_times_out_and_the_worker_is_restarted():
     cfgs = [dict(fault="hang", fault_step=2, episode_len=50), {"episode_len": 50}]
-    # a step may take step_timeout + reset_timeout (it can end in an auto-reset): 0.5 + 1.5 s here
+    # a step is timed against step_timeout alone; reset_timeout only covers resets (see the PhaseSlot tests below)
     with manager(cfgs, worker_num=2, step_timeout=0.5, reset_timeout=1.5) as m:
         m.launch()
         old_pid = m.worker_pids[0]
         start = time.monotonic()
         seen = step_all(m, 3)
-        assert time.monotonic() - start < 6.0
+        assert time.monotonic() - start < 3.0
         timed_out = seen[0][1]
         assert timed_out.info["abnormal"] and timed_out.info["reason"] == "timeout"
-        assert "within 2.0 s" in timed_out.info["error"] and "time.sleep" not in timed_out.info["error"]
+        assert re.search(
+            r"did not answer 'step': stepping for 0\.\d s, over step_timeout=0.5 s", timed_out.info["error"]
+        )
+        assert "time.sleep" not in timed_out.info["error"]
         assert "_misbehave" in timed_out.info["traceback"]  # where it hung, dumped by the child's faulthandler
         assert [ts.obs[1] for ts in seen[1]] == [1.0, 2.0, 3.0]
         assert m.stats["timeouts"] == 1 and m.stats["restarts"] == 1
         assert_all_dead([old_pid])
+
+
+class SleepyEnv(BaseEnv):
+    """obs ``[env_tag, t]`` (float32), reward 1 per step, ``episode_len`` steps per episode. Slow on purpose:
+
+    - every ``reset`` sleeps ``reset_s`` (launch, restarts and the auto-reset at the end of an episode);
+    - ``step`` sleeps ``hang_s`` at step ``hang_step`` of an instance's life (counting from 1; 0: never);
+    - ``reset`` number ``hang_reset`` of an instance (counting from 1; 0: never) sleeps ``hang_s``.
+
+    A restarted env is a new instance, so it does not hang again at once.
+    """
+
+    config = dict(env_tag=0.0, episode_len=50, reset_s=0.0, hang_step=0, hang_reset=0, hang_s=60.0)
+
+    def __init__(self, cfg=None) -> None:
+        super().__init__(dict(self.config, **(cfg or {})))
+        self._t = 0
+        self._steps = 0
+        self._resets = 0
+
+    def seed(self, seed: int) -> None:
+        pass
+
+    def reset(self) -> np.ndarray:
+        self._resets += 1
+        time.sleep(self._cfg["hang_s"] if self._resets == self._cfg["hang_reset"] else self._cfg["reset_s"])
+        self._t = 0
+        return self._obs()
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self._cfg["env_tag"], self._t], dtype=np.float32)
+
+    def step(self, action) -> BaseEnvTimestep:
+        self._t += 1
+        self._steps += 1
+        if self._steps == self._cfg["hang_step"]:
+            time.sleep(self._cfg["hang_s"])
+        done = self._t >= self._cfg["episode_len"]
+        info = {"terminated": done, "truncated": False}
+        if done:
+            info.update(episode_return=float(self._t), episode_len=self._t)
+        return BaseEnvTimestep(self._obs(), 1.0, done, info)
+
+    def info(self) -> BaseEnvInfo:
+        return BaseEnvInfo(1, gym.spaces.Box(-np.inf, np.inf, (2,), np.float32), gym.spaces.Discrete(2), None, None)
+
+    def close(self) -> None:
+        pass
+
+
+def timed_step(m, actions):
+    start = time.monotonic()
+    timesteps = m.step(actions)
+    return timesteps, time.monotonic() - start
+
+
+def test_hung_step_is_caught_after_step_timeout_not_step_plus_reset_timeout():
+    """Before the workers wrote their phase, a step got step_timeout + reset_timeout (31 s here) to answer."""
+    cfgs = [dict(hang_step=3), dict(env_tag=1.0)]
+    with SubprocessEnvManager(SleepyEnv, cfgs, 2, worker_num=2, step_timeout=1, reset_timeout=30, retry_delay=0) as m:
+        m.launch()
+        old_pid = m.worker_pids[0]
+        for _ in range(2):
+            m.step({0: 0, 1: 0})
+        timesteps, elapsed = timed_step(m, {0: 0, 1: 0})
+        assert 1.0 <= elapsed < 3.0  # step_timeout + the traceback dump, kill and restart
+        assert timesteps[0].info["reason"] == "timeout" and "over step_timeout=1 s" in timesteps[0].info["error"]
+        assert re.search(r'test_subprocess_env_manager\.py", line \d+ in step', timesteps[0].info["traceback"])
+        assert timesteps[1].obs.tolist() == [1.0, 3.0] and not timesteps[1].info.get("abnormal", False)
+        assert {k: m.stats[k] for k in ("timeouts", "restarts", "crashes", "dropped_episodes")} == {
+            "timeouts": 1,
+            "restarts": 1,
+            "crashes": 0,
+            "dropped_episodes": 1,
+        }
+        assert m.worker_pids[0] != old_pid
+        assert_all_dead([old_pid])
+        timesteps = m.step({0: 0, 1: 0})  # a fresh episode in the restarted worker
+        assert {i: ts.obs.tolist() for i, ts in timesteps.items()} == {0: [0.0, 1.0], 1: [1.0, 4.0]}
+
+
+def test_slow_auto_reset_inside_a_step_is_not_a_timeout():
+    """Env 0's auto-resets take 1.5 s (> step_timeout) inside a step; env 1, in the same worker, steps after them."""
+    cfgs = [dict(episode_len=2, reset_s=1.5), dict(env_tag=1.0)]
+    with SubprocessEnvManager(SleepyEnv, cfgs, 2, worker_num=1, step_timeout=1, reset_timeout=10, retry_delay=0) as m:
+        m.launch()  # a slow first reset: timed against reset_timeout
+        seen = [m.step({0: 0, 1: 0})]
+        timesteps, elapsed = timed_step(m, {0: 0, 1: 0})
+        seen.append(timesteps)
+        assert elapsed >= 1.5  # the auto-reset happened inside this step
+        assert timesteps[0].done and timesteps[0].info["episode_return"] == 2.0
+        assert m.ready_obs[0].tolist() == [0.0, 0.0]  # the next episode's first observation
+        seen.append(m.step({0: 0, 1: 0}))
+        assert [{i: ts.obs.tolist() for i, ts in step.items()} for step in seen] == [
+            {0: [0.0, 1.0], 1: [1.0, 1.0]},
+            {0: [0.0, 2.0], 1: [1.0, 2.0]},
+            {0: [0.0, 1.0], 1: [1.0, 3.0]},
+        ]
+        assert not any(ts.info.get("abnormal", False) for step in seen for ts in step.values())
+        assert m.stats == dict(restarts=0, dropped_episodes=0, timeouts=0, crashes=0, exceptions=0, reset_requests=0)
+
+
+def test_hung_auto_reset_is_caught_after_reset_timeout_from_its_start():
+    cfgs = [dict(episode_len=2, hang_reset=2), dict(env_tag=1.0)]
+    with SubprocessEnvManager(
+        SleepyEnv, cfgs, 2, worker_num=1, step_timeout=0.5, reset_timeout=1.5, retry_delay=0
+    ) as m:
+        m.launch()
+        m.step({0: 0, 1: 0})
+        timesteps, elapsed = timed_step(m, {0: 0, 1: 0})  # env 0's episode ends; its auto-reset hangs
+        assert 1.5 <= elapsed < 3.5
+        assert timesteps[0].info["reason"] == "timeout" and timesteps[1].info["reason"] == "timeout"
+        assert "did not answer 'step': resetting for 1." in timesteps[0].info["error"]
+        assert "over reset_timeout=1.5 s" in timesteps[0].info["error"]
+        assert m.stats["timeouts"] == 1 and m.stats["restarts"] == 2
 
 
 def test_worker_killed_from_outside_is_restarted():

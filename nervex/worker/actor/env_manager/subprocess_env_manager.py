@@ -9,8 +9,11 @@ Failures (see :func:`~nervex.worker.actor.env_manager.base_env_manager.abnormal_
 receives):
 
 - an exception in an env's ``step``/``reset``: that env alone is rebuilt in its worker;
-- a worker that dies (``os._exit``, SIGKILL, SIGSEGV...) or does not answer within ``step_timeout`` /
-  ``reset_timeout``: the worker is killed and started again, and each of its envs is rebuilt;
+- a worker that dies (``os._exit``, SIGKILL, SIGSEGV...), or stays in a step longer than ``step_timeout`` or in a
+  reset longer than ``reset_timeout``: the worker is killed and started again, and each of its envs is rebuilt.
+  The worker writes what it is doing and since when to shared memory (a :class:`~.subprocess_worker.PhaseSlot`), so the auto-reset of
+  an env whose episode ended inside a step is timed as a reset, and the step goes on with a fresh ``step_timeout``
+  from the end of that reset;
 - ``EnvResetRequest`` from an env's ``step``: the env is reset (not rebuilt).
 
 An episode cut by a failure is dropped and counted (``stats``). An env that fails more than ``max_retry`` times in a
@@ -34,12 +37,15 @@ from nervex.envs.base_env import BaseEnvTimestep
 from nervex.utils.registry import ENV_MANAGER_REGISTRY
 
 from .base_env_manager import _MISSING, BaseEnvManager, EnvError, EnvFn, abnormal_timestep
-from .subprocess_worker import DONE, DONE_RESET, RESET_REQUEST, STEP
+from .subprocess_worker import DONE, DONE_RESET, RESET_REQUEST, RESETTING, STEP, STEPPING
 from .worker_pool import WorkerHandle, WorkerPool, describe_exit, split_envs
 
 _new_timestep = tuple.__new__
 DEFAULT_CONTEXT = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 CLOSE_TIMEOUT_S = 2.0  # how long close() waits for workers to exit before killing them
+# longest wait between two looks at the workers' phases: the end of a reset inside a step moves that step's deadline
+# earlier (step_timeout from now instead of reset_timeout from the reset's start), which no pipe event announces
+PHASE_CHECK_S = 0.1
 
 
 class SubprocessEnvManager(BaseEnvManager):
@@ -51,9 +57,11 @@ class SubprocessEnvManager(BaseEnvManager):
         context: Start method: ``'fork'`` (fast; the default where available), ``'spawn'`` or ``'forkserver'``
             (``env_fn`` and ``env_cfg`` must then be picklable).
         shared_memory: Observations (Box spaces) and rewards through shared memory instead of the pipe.
-        step_timeout: Seconds a worker may take to step its envs once (plus ``reset_timeout``, since a step that ends
-            an episode also auto-resets the env); ``None``: wait forever.
-        reset_timeout: Seconds a worker may take to (re)build and reset its envs; ``None``: wait forever.
+        step_timeout: Seconds a worker may take to step its envs once, counted from the start of the step or from
+            the end of the last auto-reset inside it (an env whose episode ended is reset before the worker
+            answers; that reset is timed against ``reset_timeout``); ``None``: wait forever.
+        reset_timeout: Seconds a worker may take to (re)build and reset its envs, and for each auto-reset inside a
+            step; ``None``: wait forever.
         max_retry: Consecutive failures of one env answered by a restart; one more raises :class:`EnvError`.
         retry_delay: Seconds to wait before the second and later consecutive restart of the same env.
         wait_num: Async mode: ``step`` returns once this many envs have answered (the others keep stepping and
@@ -158,17 +166,29 @@ class SubprocessEnvManager(BaseEnvManager):
 
     # ---- the answer loop ---------------------------------------------------------------------------------------
     def _send(self, worker: WorkerHandle, command: str, arg: Any) -> None:
-        if not self._pool.send(worker, command, arg, self._timeout_for(command)):
+        if not self._pool.send(worker, command, arg):
             self._on_worker_lost(worker, "crash")
 
-    def _timeout_for(self, command: str) -> Optional[float]:
-        if command != "step":
-            return self._reset_timeout
-        # a step may end an episode, and the worker then auto-resets that env before answering: a slow reset within
-        # reset_timeout must not be taken for a hung step, so a step may take both budgets
-        if self._step_timeout is None or self._reset_timeout is None:
-            return None
-        return self._step_timeout + self._reset_timeout
+    def _busy(self, worker: WorkerHandle) -> Tuple[str, float, str, float]:
+        """What ``worker`` is doing for its oldest pending message: ``(activity, since, budget name, budget)``.
+
+        Read from the phase the worker writes: stepping (``step_timeout``) or resetting (``reset_timeout``, also
+        for an auto-reset inside a step). An idle worker has the message, or its answer, still in the pipe; it is
+        timed from the later of sending and idling, with the budget of the command.
+        """
+        phase, since = worker.phase.get()
+        if phase == STEPPING:
+            return "stepping", since, "step_timeout", self._step_timeout
+        if phase == RESETTING:
+            return "resetting", since, "reset_timeout", self._reset_timeout
+        command, sent_at = worker.pending[0]
+        if command == "step":
+            return "not taking up 'step'", max(since, sent_at), "step_timeout", self._step_timeout
+        return f"not taking up '{command}'", max(since, sent_at), "reset_timeout", self._reset_timeout
+
+    def _deadline(self, worker: WorkerHandle) -> float:
+        _, since, _, budget = self._busy(worker)
+        return since + budget
 
     def _enough(self, until_idle: bool) -> bool:
         if not any(w.pending for w in self._workers):
@@ -182,8 +202,8 @@ class SubprocessEnvManager(BaseEnvManager):
     def _wait(self, until_idle: bool) -> None:
         """Handle answers until no message is pending (``until_idle``) or, in async mode, enough envs answered."""
         while not self._enough(until_idle):
-            deadline = min(w.pending[0][1] for w in self._workers if w.pending)
-            news = self._pool.poll(deadline - time.monotonic())
+            deadline = min(self._deadline(w) for w in self._workers if w.pending)
+            news = self._pool.poll(min(deadline - time.monotonic(), PHASE_CHECK_S))
             for worker, generation, has_answer, has_exited in news:
                 if generation != worker.generation:
                     continue  # restarted while handling an earlier entry
@@ -194,7 +214,7 @@ class SubprocessEnvManager(BaseEnvManager):
             if not news:
                 now = time.monotonic()
                 for worker in self._workers:
-                    if worker.pending and worker.pending[0][1] <= now:
+                    if worker.pending and self._deadline(worker) <= now:
                         self._on_worker_lost(worker, "timeout")
 
     def _receive(self, worker: WorkerHandle) -> None:
@@ -290,10 +310,13 @@ class SubprocessEnvManager(BaseEnvManager):
         """Kill a crashed or hung worker, drop its envs' episodes, start it again and rebuild its envs."""
         phase = worker.pending[0][0] if worker.pending else "idle"
         pid = worker.process.pid
+        if reason == "timeout":  # read before stop(): it waits for the traceback dump
+            activity, since, budget_name, budget = self._busy(worker)
+            late = f"{activity} for {time.monotonic() - since:.1f} s, over {budget_name}={budget:g} s"
         exitcode, tb = self._pool.stop(worker, dump_traceback=reason == "timeout")
         if reason == "timeout":
             self._stats["timeouts"] += 1
-            error = f"worker {worker.index} (pid {pid}) did not answer '{phase}' within {self._timeout_for(phase)} s"
+            error = f"worker {worker.index} (pid {pid}) did not answer '{phase}': {late}"
         else:
             self._stats["crashes"] += 1
             error = f"worker {worker.index} (pid {pid}) {describe_exit(exitcode)} during '{phase}'"

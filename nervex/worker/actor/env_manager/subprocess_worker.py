@@ -11,6 +11,9 @@ Protocol (parent -> child, each a ``(command, argument)`` tuple; the child answe
 ``results`` lists ``(env_id, status, reward, info, obs, final_obs)`` (see the ``STEP``... constants); with shared
 memory, ``obs`` and ``reward`` are ``None`` and live in the shared arrays at row ``env_id``. ``failures`` lists
 ``(env_id, phase, error, traceback_text)``; a failed env is left for the parent to restart.
+
+Besides answering, the child keeps its :class:`PhaseSlot` up to date (idle, stepping or resetting, and since when),
+so that the parent times a step and a reset inside it (an auto-reset) against their own budgets.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import faulthandler
 import os
 import select
 import signal
+import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -32,8 +36,40 @@ DONE = 1  # done and not reset (last episode, or the reset failed: see failures)
 DONE_RESET = 2  # done and reset; final_obs is the final observation, obs the next episode's first
 RESET_REQUEST = 3  # the env raised EnvResetRequest and was reset; obs is the new first observation; info the reason
 
+# what a worker is doing, as written to its PhaseSlot
+IDLE = 0  # between commands (or sending an answer)
+STEPPING = 1  # in a 'step' command, stepping envs
+RESETTING = 2  # building or resetting an env: a 'reset' or 'restart' command, or an auto-reset inside a 'step'
+
 PARENT_CHECK_S = 1.0  # how often an idle child checks that its parent is still alive
 Failure = Tuple[int, str, str, str]
+
+
+class PhaseSlot:
+    """What one worker process is doing (``IDLE``, ``STEPPING``, ``RESETTING``) and since when, in shared memory.
+
+    The child writes, the parent reads, without a lock (a worker killed mid-write must not leave one held): phase
+    and start time share one aligned 64-bit word, ``time.monotonic()`` in milliseconds shifted left by 2, or-ed
+    with the phase, so a read never mixes two writes. ``time.monotonic`` is system-wide (``CLOCK_MONOTONIC`` on
+    Linux), so parent and child read the same clock.
+
+    Args:
+        array: A shared ``'q'`` (int64) array with one element per worker (``ctx.RawArray('q', worker_num)``).
+        index: This worker's element.
+    """
+
+    def __init__(self, array: Any, index: int) -> None:
+        self._array = array
+        self._index = index
+
+    def set(self, phase: int) -> None:
+        """Record that the worker enters ``phase`` now."""
+        self._array[self._index] = (time.monotonic_ns() // 1_000_000) << 2 | phase
+
+    def get(self) -> Tuple[int, float]:
+        """The current phase and the ``time.monotonic()`` at which it began (millisecond resolution)."""
+        word = self._array[self._index]
+        return word & 3, (word >> 2) / 1000.0
 
 
 def _describe(e: BaseException) -> str:
@@ -49,12 +85,14 @@ class EnvHost:
         env_cfgs: Dict[int, Any],
         obs_buf: Optional[np.ndarray],
         rew_buf: Optional[np.ndarray],
+        phase: PhaseSlot,
     ) -> None:
         self._env_fn = env_fn
         self._cfgs = env_cfgs
         self._envs: Dict[int, Any] = {}
         self._obs = obs_buf
         self._rew = rew_buf
+        self._phase = phase
 
     def _put_obs(self, env_id: int, obs: Any) -> Any:
         """Write ``obs`` to the shared row of ``env_id`` and return None, or return it to be pickled."""
@@ -72,13 +110,16 @@ class EnvHost:
     def step(self, actions: Dict[int, Any], no_reset: Sequence[int]) -> Tuple[str, List[Any], List[Failure]]:
         results: List[Any] = []
         failures: List[Failure] = []
-        rew = self._rew
+        rew, phase = self._rew, self._phase
+        phase.set(STEPPING)
         for env_id, action in actions.items():
             env = self._envs[env_id]
             try:
                 obs, reward, done, info = env.step(action)
             except EnvResetRequest as e:
+                phase.set(RESETTING)
                 self._reset_one(env_id, None, results, failures, RESET_REQUEST, _describe(e))
+                phase.set(STEPPING)  # the next env's step is timed from the end of this reset
                 continue
             except Exception as e:  # noqa: BLE001 - user env code; the parent's retry policy decides
                 failures.append((env_id, "step", _describe(e), traceback.format_exc()))
@@ -87,12 +128,14 @@ class EnvHost:
                 rew[env_id] = reward
                 reward = None
             if done and env_id not in no_reset:
+                phase.set(RESETTING)
                 try:
                     first = env.reset()
                     results.append((env_id, DONE_RESET, reward, info, self._put_obs(env_id, first), obs))
                 except Exception as e:  # noqa: BLE001
                     results.append((env_id, DONE, reward, info, None, obs))
                     failures.append((env_id, "reset", _describe(e), traceback.format_exc()))
+                phase.set(STEPPING)
                 continue
             try:
                 results.append((env_id, DONE if done else STEP, reward, info, self._put_obs(env_id, obs), None))
@@ -116,6 +159,7 @@ class EnvHost:
     def reset(self, seeds: Dict[int, Optional[int]], rebuild: bool) -> Tuple[str, List[Any], List[Failure]]:
         results: List[Any] = []
         failures: List[Failure] = []
+        self._phase.set(RESETTING)
         for env_id, seed in seeds.items():
             if rebuild:
                 self.close_env(env_id)
@@ -162,13 +206,14 @@ def worker_main(
     env_fn: Callable[[Any], Any],
     env_cfgs: Dict[int, Any],
     shm: Optional[Tuple[Any, Any, str, Tuple[int, ...]]],
+    phase: PhaseSlot,
     parent_pid: int,
     fault_path: Optional[str],
 ) -> None:
     """Entry point of a worker process: serve commands until ``close``, a closed pipe or the parent's death."""
     fault_file = _setup_child(parent_conn, fault_path)
     obs_buf, rew_buf = _arrays(shm)
-    host = EnvHost(env_fn, env_cfgs, obs_buf, rew_buf)
+    host = EnvHost(env_fn, env_cfgs, obs_buf, rew_buf, phase)
     poller = select.poll()  # one poller for the process: conn.poll() would build a selector per message
     poller.register(conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
     try:
@@ -189,6 +234,7 @@ def worker_main(
                 return
             else:
                 reply = ("fatal", f"unknown command {command!r}", [])
+            phase.set(IDLE)
             try:
                 conn.send(reply)
             except (BrokenPipeError, EOFError, OSError):

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-from .subprocess_worker import worker_main
+from .subprocess_worker import IDLE, PhaseSlot, worker_main
 
 TIMEOUT_DUMP_WAIT_S = 0.2  # after asking a hung worker for its traceback, before killing it
 _READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
@@ -26,15 +26,17 @@ _READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
 
 @dataclass
 class WorkerHandle:
-    """One worker process, its pipe, and the messages sent to it that await an answer (oldest first)."""
+    """One worker process, its pipe, what it is doing (``phase``, written by the process), and the messages sent to
+    it that await an answer (oldest first)."""
 
     index: int
     env_ids: Tuple[int, ...]
+    phase: PhaseSlot
     process: Any = None
     conn: Any = None
     fault_path: str = ""
     generation: int = 0  # bumped by every (re)start: tells stale poll events apart
-    pending: Deque[Tuple[str, float]] = field(default_factory=deque)  # (command, deadline)
+    pending: Deque[Tuple[str, float]] = field(default_factory=deque)  # (command, time.monotonic() when sent)
 
 
 def split_envs(env_num: int, worker_num: int) -> List[Tuple[int, ...]]:
@@ -91,7 +93,8 @@ class WorkerPool:
         self._finalizer = weakref.finalize(self, _kill_processes, self._processes, self._tmpdir)
         self._poller = select.poll()
         self._fds: Dict[int, Tuple[WorkerHandle, bool]] = {}  # fd -> (worker, is the process sentinel)
-        self.workers = [WorkerHandle(w, ids) for w, ids in enumerate(blocks)]
+        phases = ctx.RawArray("q", len(blocks))  # one PhaseSlot word per worker
+        self.workers = [WorkerHandle(w, ids, PhaseSlot(phases, w)) for w, ids in enumerate(blocks)]
 
     def start(self, worker: WorkerHandle) -> None:
         """Start ``worker``'s process (again); its envs are built on their first reset."""
@@ -101,7 +104,8 @@ class WorkerPool:
         # a forked child closes its copy of the parent's end; other start methods need not receive it at all
         inherited = parent_conn if self._ctx.get_start_method() == "fork" else None
         cfgs = {i: self._env_cfgs[i] for i in worker.env_ids}
-        args = (child_conn, inherited, self._env_fn, cfgs, self._shm, os.getpid(), worker.fault_path)
+        worker.phase.set(IDLE)  # a killed predecessor may have left 'stepping since ...'
+        args = (child_conn, inherited, self._env_fn, cfgs, self._shm, worker.phase, os.getpid(), worker.fault_path)
         process = self._ctx.Process(target=worker_main, args=args, daemon=True, name=f"nervex_env_worker{worker.index}")
         try:
             process.start()
@@ -121,9 +125,9 @@ class WorkerPool:
             self._poller.register(fd, _READ_EVENTS)
             self._fds[fd] = (worker, is_sentinel)
 
-    def send(self, worker: WorkerHandle, command: str, arg: Any, timeout: float) -> bool:
+    def send(self, worker: WorkerHandle, command: str, arg: Any) -> bool:
         """Send one command; False when the pipe is broken (the worker died)."""
-        worker.pending.append((command, time.monotonic() + timeout))
+        worker.pending.append((command, time.monotonic()))
         try:
             worker.conn.send((command, arg))
             return True

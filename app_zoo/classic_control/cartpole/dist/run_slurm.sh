@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The parallel mode under Slurm, the nerveX tutorial's way: one srun step per role group.
+#   app_zoo/classic_control/cartpole/dist/run_slurm.sh PARTITION [CONFIG]
+# Environment: LEARNERS (learner ranks, default 1: >1 trains data-parallel with torch.distributed), NODES (nodes with
+# a manager and its actors, default 1), ACTORS (actors per manager, default: system.manager.actors), COORD_HOST (the
+# coordinator's bind address; default 127.0.0.1, which is right only when every role runs on one node: on several
+# nodes give the coordinator node's cluster-network address), RUN_DIR (on a file system every node mounts; the SQLite
+# files must be on node-local disk, see docs/parallel.md).
+set -euo pipefail
+PARTITION="${1:?usage: run_slurm.sh PARTITION [CONFIG]}"
+cd "$(dirname "$0")/../../../.."
+CONFIG="${2:-app_zoo/classic_control/cartpole/dist/cartpole_dqn_dist.yaml}"
+PY="${PYTHON:-$PWD/.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+LEARNERS="${LEARNERS:-1}"
+NODES="${NODES:-1}"
+COORD_HOST="${COORD_HOST:-127.0.0.1}"
+RUN_DIR="${RUN_DIR:-runs/$(basename "$CONFIG" .yaml)__$(date +%Y%m%d-%H%M%S)}"
+ARGS=(--config "$CONFIG" --run-dir "$RUN_DIR")
+ACTOR_ARGS=()
+[ -n "${ACTORS:-}" ] && ACTOR_ARGS=(--actors "$ACTORS")
+mkdir -p "$RUN_DIR/logs"
+
+pids=()
+stop_all() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done  # srun forwards SIGTERM to its tasks
+  wait 2>/dev/null || true
+}
+trap stop_all EXIT
+trap 'exit 130' INT TERM
+
+srun -p "$PARTITION" --job-name=nervex-coordinator -N1 -n1 \
+  "$PY" -u -m nervex.system.coordinator_start "${ARGS[@]}" --host "$COORD_HOST" >>"$RUN_DIR/logs/coordinator.stderr" 2>&1 &
+pids+=($!)
+srun -p "$PARTITION" --job-name=nervex-league -N1 -n1 \
+  "$PY" -u -m nervex.system.league_manager_start "${ARGS[@]}" >>"$RUN_DIR/logs/league_manager.stderr" 2>&1 &
+pids+=($!)
+srun -p "$PARTITION" --job-name=nervex-manager -N"$NODES" --ntasks-per-node=1 \
+  "$PY" -u -m nervex.system.manager_start "${ARGS[@]}" "${ACTOR_ARGS[@]}" >>"$RUN_DIR/logs/manager.stderr" 2>&1 &
+pids+=($!)
+# the learner ranks as one step: a rank that fails ends the step (the others would wait on it until the
+# process-group timeout); ranks come from SLURM_PROCID / SLURM_NTASKS, never SLURM_LOCALID
+srun -p "$PARTITION" --job-name=nervex-learner -n"$LEARNERS" --kill-on-bad-exit=1 \
+  "$PY" -u -m nervex.system.learner_start "${ARGS[@]}" >>"$RUN_DIR/logs/learner.stderr" 2>&1 &
+learner=$!
+pids+=($learner)
+echo "run_slurm.sh: run directory $RUN_DIR (logs in $RUN_DIR/logs)" >&2
+status=0
+wait "$learner" || status=$?
+echo "run_slurm.sh: learner step exited with status $status" >&2
+[ -f "$RUN_DIR/eval.csv" ] && tail -n 1 "$RUN_DIR/eval.csv" >&2
+exit "$status"
