@@ -70,6 +70,8 @@ from nervex.system.task_table import TaskTable
 
 TABLE_FILE = "coordinator.sqlite"
 STATE_FILE = "coordinator_state.sqlite"
+SWEEP_S = 30.0
+"""The longest period between two sweeps of orphaned payload files (``Coordinator.sweep``; every ``lease_s`` if less)."""
 RETRY_AFTER_S = 1.0
 """What a 429 or 507 tells the client to wait before sending again."""
 LEASE_ROLES: Dict[str, Tuple[str, ...]] = {"collect": ("actor", "manager"), "learn": ("learner", "manager")}
@@ -211,6 +213,7 @@ class Coordinator:
         self._state: Optional[RunState] = None
         self._storage: Optional[Storage] = None
         self._roles: Dict[str, str] = {}
+        self._last_sweep = time.monotonic()
         self.run_id = ""
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
@@ -346,6 +349,28 @@ class Coordinator:
         with self._lock:
             self._ingest_results()
             self._top_up()
+        now = time.monotonic()
+        if now - self._last_sweep >= min(SWEEP_S, max(1.0, float(self.settings.lease_s))):
+            self._last_sweep = now
+            self.sweep()
+
+    def sweep(self) -> Dict[str, int]:
+        """Delete what no result will ever name: temporary files of killed writers, and samples files that no accepted
+        result names and that are older than a task can live (``lease_s x (max_attempts + 1)``: an actor killed after
+        writing but before reporting, or whose late result was refused). Returns the counts."""
+        assert self._storage is not None
+        s = self.settings
+        max_age = float(s.lease_s) * (int(s.max_attempts) + 1)
+        temps = self._storage.collect_temp(max_age)
+        orphans = 0
+        for name in self._storage.list("samples"):
+            age = self._storage.age(name)
+            if age is not None and age > max_age and not self._run_state().holds_data(name):
+                self._storage.delete(name)
+                orphans += 1
+        if temps or orphans:
+            self.logger.info("swept %d temporary file(s) and %d orphaned samples file(s)", temps, orphans)
+        return {"temp": temps, "orphans": orphans}
 
     # ---- routes -------------------------------------------------------------------------------------------------
     def _register(self, body: Any) -> Dict[str, Any]:

@@ -18,9 +18,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-ROLE_ORDER = ("coordinator", "league_manager", "learner", "manager")
 GRACE_S = 20.0
 
 
@@ -49,7 +48,8 @@ class Launch:
         self.run_dir = run_dir
         self.common = ["--config", config, "--run-dir", run_dir] + [a for o in overrides for a in ("--set", o)]
         self.actors = actors
-        self.processes: Dict[str, subprocess.Popen] = {}
+        self.processes: Dict[str, subprocess.Popen] = {}  # the newest process of each role
+        self.started: List[Tuple[str, subprocess.Popen]] = []  # every process started, in order
 
     def start(self, role: str, extra: Optional[List[str]] = None) -> subprocess.Popen:
         command = [sys.executable, "-u", "-m", f"nervex.system.{role}_start", *self.common, *(extra or [])]
@@ -59,6 +59,7 @@ class Launch:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
         out.close()
         self.processes[role] = process
+        self.started.append((role, process))
         return process
 
     def wait_for_coordinator(self, timeout_s: float = 120.0) -> str:
@@ -101,13 +102,13 @@ class Launch:
             time.sleep(0.2)
 
     def stop_all(self, grace_s: float = GRACE_S) -> None:
-        """SIGTERM every role's process group (manager first, coordinator last), SIGKILL what remains."""
-        order = [r for r in reversed(ROLE_ORDER) if r in self.processes]
-        for role in order:
-            _signal_group(self.processes[role], signal.SIGTERM)
+        """SIGTERM every role's process group (the last started first, the coordinator last), SIGKILL what remains."""
+        order = list(reversed(self.started))
+        for _, process in order:
+            if process.poll() is None:
+                _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for role in order:
-            process = self.processes[role]
+        for role, process in order:
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

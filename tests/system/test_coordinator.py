@@ -607,3 +607,22 @@ def test_a_restart_with_another_config_is_refused_naming_both_hashes(harness, st
     with pytest.raises(CoordinatorError) as info:
         other.start()
     assert first_hash in str(info.value) and other.config_hash in str(info.value)
+
+
+def test_sweep_deletes_orphaned_samples_and_keeps_accepted_ones(harness):
+    h = harness(lease_s=1.0, max_attempts=1)
+    h.register("actor0")
+    h.register("learner0", role="learner")
+    task = h.lease("actor0")
+    accepted = h.result(b"accepted samples")
+    assert h.complete("actor0", task, accepted)
+    storage = h.coordinator._storage
+    orphan = storage.put(b"written, never reported", "samples")
+    fresh = storage.put(b"written a moment ago", "samples")
+    kept = storage.put(b"accepted, not read yet", "samples")
+    h.coordinator._run_state().ingest([{"seq": 99, "task_id": "x", "result": dict(accepted, data=kept)}])
+    old = time.time() - 60
+    for name in (orphan, kept):
+        os.utime(os.path.join(storage.root, *name.split("/")), (old, old))
+    assert h.coordinator.sweep() == {"temp": 0, "orphans": 1}
+    assert storage.list("samples") == sorted([fresh, kept])

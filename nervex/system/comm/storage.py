@@ -19,7 +19,7 @@ import re
 import secrets
 import shutil
 import time
-from typing import List
+from typing import List, Optional
 
 from .errors import ProtocolError
 
@@ -147,6 +147,14 @@ class Storage:
         except FileNotFoundError:
             return []
         return sorted(f"{kind}/{file}" for file in files if _FILE.fullmatch(file))
+
+    def age(self, name: str) -> Optional[float]:
+        """Seconds since ``name`` was written, or None when it has no file."""
+        _check_name(name)
+        try:
+            return max(0.0, time.time() - os.stat(self._path(name)).st_mtime)
+        except FileNotFoundError:
+            return None
 
     def collect_temp(self, max_age_s: float) -> int:
         """Remove temporary files older than ``max_age_s`` (left by writers killed midway); returns how many.
