@@ -19,6 +19,7 @@ task is re-queued up to ``max_attempts``) and the env manager is rebuilt before 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -72,7 +73,9 @@ class ActorRole:
         self.index = int(index)
         self.logger = logger or logging.getLogger(__name__)
         self.settings = self.cfg.system.actor
-        self.seed = int(self.cfg.seed) + (self.index + 1) * int(self.settings.seed_stride)
+        # a restarted actor (NERVEX_ACTOR_RESTARTS, set by its manager) must not replay its predecessor's episodes
+        restarts = int(os.environ.get("NERVEX_ACTOR_RESTARTS", "0") or 0)
+        self.seed = int(self.cfg.seed) + (self.index + 1) * int(self.settings.seed_stride) + restarts * 7919
         set_seed(self.seed)
         if self.cfg.num_threads:
             torch.set_num_threads(int(self.cfg.num_threads))

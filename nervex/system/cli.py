@@ -36,7 +36,11 @@ def build_parser(role: str, description: str) -> argparse.ArgumentParser:
             help="address to talk to (default: the one in <run_dir>/coordinator.url; a manager gives its children its "
             "relay address)",
         )
-        parser.add_argument("--worker-id", default=None, help="id at the coordinator (default: <role>-<host>-<pid>)")
+        parser.add_argument(
+            "--worker-id",
+            default=None,
+            help="id at the coordinator (default: <role>-<host>-<pid>; the learner: learner-<rank>)",
+        )
     return parser
 
 

@@ -124,7 +124,7 @@ class LeagueOrLearnerSnapshot:
     """The ``SnapshotSource`` of a run with a league manager: its choice while it is alive, else the learner's newest.
 
     The league manager posts its choice on ``/v1/league/update`` every ``system.league.poll_s``; a choice older than
-    ``stale_s`` (the league manager died and its manager has not restarted it yet) falls back to the learner's newest
+    ``stale_s`` (the league manager died or hangs; restart it by hand or from the job script) falls back to the learner's newest
     snapshot, so collection never waits on the league.
 
     Args:

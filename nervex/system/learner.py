@@ -153,7 +153,12 @@ class LearnerRole:
         self.last_eval: Dict[str, Any] = {}
         self._start_time = time.time()
         self._start_env_step = 0
-        self._resume()
+        if int(self.cfg.learner.prefetch) > 0:
+            self.logger.warning("learner.prefetch is not used by the parallel learner (it samples in its own loop)")
+        self.learner.call_hook("before_run")  # learner.hook.load_ckpt: initial weights for a new run
+        self.learner.last_iter = int(self.learner.last_iter)
+        self.env_step = int(self.learner.env_step)
+        self._resume()  # a restarted learner: its own newest checkpoint wins
 
     # ---- set-up ----------------------------------------------------------------------------------------------
     def _join_group(self) -> None:
@@ -494,6 +499,8 @@ class LearnerRole:
             if self.is_main:
                 self._log(force=True)
                 self.save_checkpoint(f"stop: {self.stop_reason or 'closed'}")
+                self.learner.env_step = self.env_step
+                self.learner.call_hook("after_run")  # learner.hook.save_ckpt_after_run: ckpt/final.pt
         finally:
             if self.link is not None:
                 self.link.close()

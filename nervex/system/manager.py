@@ -32,6 +32,8 @@ RELAY_DEADLINE_S = 5.0
 """A relayed call's deadline upstream; past it the worker gets 503 and retries on its own schedule."""
 GRACE_S = 10.0
 QUICK_DEATH_S = 30.0
+RESTART_WINDOW_S = 600.0
+"""A child that lived this long before dying starts its slot's restart count afresh."""
 
 
 @dataclass
@@ -128,7 +130,8 @@ class ManagerRole:
             "--url",
             self.url,
         ]
-        slot.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        env = dict(os.environ, NERVEX_ACTOR_RESTARTS=str(slot.restarts))  # a restarted actor seeds its envs anew
+        slot.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
         slot.started_at = time.monotonic()
         self.logger.info("started actor %d (pid %d)", slot.index, slot.process.pid)
 
@@ -147,6 +150,8 @@ class ManagerRole:
                 if self.link.stopping.is_set():
                     continue
                 lived = now - slot.started_at
+                if lived > RESTART_WINDOW_S:
+                    slot.restarts = 0  # max_restarts counts restarts of a slot that keeps dying, not over a whole run
                 slot.backoff_s = (
                     min(30.0, max(float(self.settings.restart_backoff_s), 2 * slot.backoff_s))
                     if lived < QUICK_DEATH_S

@@ -58,7 +58,6 @@ ROUTES = (
 )
 
 COORDINATOR_URL_FILE = "coordinator.url"
-MANAGER_URL_FILE = "manager.url"
 """``<run_dir>/coordinator.url``: the coordinator's ``http://host:port``, written atomically once it listens."""
 MAX_POLL_LIMIT = 1000
 """The most items one ``/v1/data/poll`` returns."""

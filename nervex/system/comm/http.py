@@ -209,6 +209,8 @@ class Server:
     def url(self) -> str:
         """``http://host:port`` of the running server."""
         host, port = self._bound_address()
+        if host in ("0.0.0.0", "::"):
+            host = socket.getfqdn()  # listening on every address: name this host, not the wildcard
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def _bound_address(self) -> Tuple[str, int]:
