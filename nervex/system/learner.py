@@ -118,13 +118,16 @@ class LearnerRole:
                 manager.close()
             raise
         self._grad_hooks: Any = None
-        if dist is not None and self.world_size > 1:
-            self._join_group()
-        self.keeper = CheckpointKeeper(
-            os.path.join(run_dir, "ckpt"),
-            keep=int(self.settings.keep_checkpoints),
-            interval_s=60.0 * float(self.settings.checkpoint_interval_min),
-            logger=self.logger,
+        # rank 0 alone keeps checkpoints (a keeper clears the directory's temporary files when it starts)
+        self.keeper = (
+            CheckpointKeeper(
+                os.path.join(run_dir, "ckpt"),
+                keep=int(self.settings.keep_checkpoints),
+                interval_s=60.0 * float(self.settings.checkpoint_interval_min),
+                logger=self.logger,
+            )
+            if self.is_main
+            else None
         )
         self.eval_csv = CsvWriter(os.path.join(run_dir, "eval.csv"), EVAL_CSV_FIELDS) if self.is_main else None
         if self.is_main:
@@ -148,6 +151,7 @@ class LearnerRole:
         self._train_steps = 0
         self._last_log_step = 0
         self.stopped = False
+        self._stop_seen = False
         self.checkpoint_failures = 0
         self.stop_reason = ""
         self.last_eval: Dict[str, Any] = {}
@@ -156,39 +160,52 @@ class LearnerRole:
         if int(self.cfg.learner.prefetch) > 0:
             self.logger.warning("learner.prefetch is not used by the parallel learner (it samples in its own loop)")
         self.learner.call_hook("before_run")  # learner.hook.load_ckpt: initial weights for a new run
-        self.learner.last_iter = int(self.learner.last_iter)
         self.env_step = int(self.learner.env_step)
-        self._resume()  # a restarted learner: its own newest checkpoint wins
+        resumed = self._resume() if self.is_main else None  # a restarted learner: its own newest checkpoint wins
+        if dist is not None and self.world_size > 1:
+            self._join_group(resumed)
 
     # ---- set-up ----------------------------------------------------------------------------------------------
-    def _join_group(self) -> None:
+    def _join_group(self, resumed: Optional[str]) -> None:
+        """Join the data-parallel group and start from rank 0's state: the checkpoint it resumed from (every rank
+        loads the same file, so optimizer states have one layout), then its whole policy state and counters."""
         from nervex.system import distributed
+        from nervex.torch_utils import load_checkpoint
 
-        distributed.init_process_group(
-            self.dist, device=str(self.policy.device), timeout_s=self.settings.dist_timeout_s
-        )
-        modules = self._learn_modules()
-        distributed.broadcast_parameters(modules, src=0)
-        self._grad_hooks = distributed.attach_gradient_allreduce(modules, self.world_size)
+        timeout_s = float(self.settings.dist_timeout_s)
+        distributed.init_process_group(self.dist, device=str(self.policy.device), timeout_s=timeout_s)
+        path = distributed.broadcast_json({"resumed": resumed})["resumed"]
+        if path and not self.is_main:
+            self._apply_checkpoint(load_checkpoint(path))
+        distributed.broadcast_policy(self.policy, src=0)
+        counters = distributed.broadcast_json({"seq": self.seq, "env_step": self.env_step, "credit": self._credit})
+        self.seq, self.env_step, self._credit = int(counters["seq"]), int(counters["env_step"]), counters["credit"]
+        self._grad_hooks = distributed.attach_gradient_allreduce(self._learn_modules(), self.world_size)
 
     def _learn_modules(self) -> List[torch.nn.Module]:
         return [self.policy._model]
 
-    def _resume(self) -> None:
+    def _resume(self) -> Optional[str]:
+        """Load the newest valid checkpoint (rank 0); returns its path, None for a fresh start."""
+        assert self.keeper is not None
         loaded = self.keeper.load_latest()
         if loaded is None:
-            return
+            return None
         path, state = loaded
-        self.learner.load_state_dict(state)
+        self._apply_checkpoint(state)
+        self.logger.info(
+            "resumed from %s: train_iter=%d env_step=%d poll cursor=%d", path, self.train_iter, self.env_step, self.seq
+        )
+        return path
+
+    def _apply_checkpoint(self, state: Mapping[str, Any]) -> None:
+        self.learner.load_state_dict(dict(state))
         system = state.get("system", {})
         self.env_step = int(self.learner.env_step)
         self.seq = int(system.get("seq", 0))
         self._credit = float(system.get("credit", 0.0))
         self._start_env_step = self.env_step
         self._last_log_step = self.env_step
-        self.logger.info(
-            "resumed from %s: train_iter=%d env_step=%d poll cursor=%d", path, self.train_iter, self.env_step, self.seq
-        )
 
     @property
     def train_iter(self) -> int:
@@ -216,7 +233,8 @@ class LearnerRole:
             self.link.start_heartbeat()
         self._publish(force=True)
         try:
-            while not self.stopped:
+            # until a stop went through _control: with several ranks, every rank must see it before the group ends
+            while not self._stop_seen:
                 external_stop = bool(signals is not None and signals.stop_requested())
                 if signals is not None and not external_stop and signals.checkpoint_requested():
                     self.save_checkpoint("SIGUSR1")
@@ -231,6 +249,7 @@ class LearnerRole:
         message = self._control(external_stop)
         if message["stop"]:
             self._stop(message.get("reason") or "stopped")
+            self._stop_seen = True
             return True
         ingested = self._ingest(message["items"])
         trained = self._train_owed()
@@ -239,7 +258,7 @@ class LearnerRole:
             self._report()
             self._maybe_eval()
             self._check_limits()
-            if self.keeper.due():
+            if self.keeper is not None and self.keeper.due():
                 self.save_checkpoint("periodic")
             self._log()
         return bool(ingested or trained)
@@ -318,7 +337,9 @@ class LearnerRole:
             self.logger.warning("skipped the data of %s: %s", task_id, error)
             return None
         if self.world_size > 1 and self.contract.on_policy:
-            samples = samples[self.rank :: self.world_size]
+            # equal shards: every rank must take the same number of minibatch steps (collectives pair up)
+            usable = len(samples) - len(samples) % self.world_size
+            samples = samples[:usable][self.rank :: self.world_size]
         return samples
 
     # ---- training --------------------------------------------------------------------------------------------
@@ -479,7 +500,7 @@ class LearnerRole:
     def save_checkpoint(self, why: str) -> Optional[str]:
         """Write ``ckpt/iteration_<n>.pt`` (rank 0). A failed write (a full disk) is logged and training goes on:
         the previous checkpoints are intact and the next one is tried after ``checkpoint_interval_min``."""
-        if not self.is_main:
+        if self.keeper is None:
             return None
         try:
             path = self.keeper.save(self.checkpoint_state(), self.train_iter)

@@ -31,8 +31,8 @@ from nervex.system.coordinator import Coordinator, CoordinatorError
 from nervex.system.protocol import (
     COORDINATOR_URL_FILE,
     DATA_POLL_PATH,
-    LEAGUE_UPDATE_PATH,
     HEARTBEAT_PATH,
+    LEAGUE_UPDATE_PATH,
     LEARNER_PROGRESS_PATH,
     PROTOCOL_VERSION,
     REGISTER_PATH,
