@@ -112,6 +112,9 @@ def test_dqn_dist_reaches_195(tmp_path, actors):
     assert {"coordinator.log", "learner-0.log", "league_manager.log", "manager-0.log"} <= logs
     assert {f"actor-{i}.log" for i in range(actors)} <= logs
     assert oct((run_dir / "run_token").stat().st_mode & 0o777) == "0o600"
+    # every server binds the loopback unless the config names another address
+    assert read_coordinator_url(str(run_dir)).startswith("http://127.0.0.1:")
+    assert "manager relay listening on http://127.0.0.1:" in (run_dir / "logs" / "manager-0.log").read_text()
     no_role_left(run_dir)
     # actors acted with the learner's snapshots, chosen by the league manager
     policy_iters = [r["result"]["policy_iter"] for r in accepted_results(run_dir)]
@@ -452,3 +455,21 @@ def test_two_gloo_learner_ranks_train_as_one_learner_to_195(tmp_path):
     rank1_log = (run_dir / "logs" / "learner-1.log").read_text()
     assert "learner stopped" in rank1_log
     no_role_left(run_dir)
+
+
+@pytest.mark.parametrize("role", ["coordinator", "manager", "league_manager", "learner", "actor"])
+def test_every_role_has_help_and_refuses_a_bad_config(tmp_path, role):
+    module = f"nervex.system.{role}_start"
+    shown = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, env=ENV)
+    assert shown.returncode == 0 and "--config" in shown.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DQN.read_text().replace("  learner:\n    snapshot_every", "  learner:\n    snapshot_evry"))
+    refused = subprocess.run(
+        [sys.executable, "-m", module, "--config", str(bad), "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "system.learner.snapshot_evry" in refused.stderr and "snapshot_every" in refused.stderr
