@@ -154,7 +154,7 @@ def test_launch_stops_every_role_when_one_dies(tmp_path):
     command += ["--set", "evaluator.stop_val=100000", "--set", "num_threads=1"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
     try:
-        pid = _wait_for_pid(run_dir / "logs" / "league_manager.log", "registered league_manager", 60)
+        pid = _wait_for_pid(run_dir / "logs" / "league_manager.log", "registered league_manager", 180)
         os.kill(pid, signal.SIGKILL)
         _, stderr = process.communicate(timeout=60)
     finally:
@@ -171,7 +171,7 @@ def test_launch_stops_every_role_on_ctrl_c(tmp_path):
     command += ["--set", "evaluator.stop_val=100000", "--set", "num_threads=1"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for_text(run_dir / "logs" / "actor-0.log", "registered actor", 60)
+        _wait_for_text(run_dir / "logs" / "actor-0.log", "registered actor", 180)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
     finally:
@@ -389,7 +389,7 @@ def test_learner_killed_resumes_with_identical_parameters_and_optimizer_state(tm
         roles.start("league_manager")
         first = roles.start("learner")
         roles.start("manager", "--actors", "1")
-        _wait(lambda: len(list((run_dir / "ckpt").glob("iteration_*.pt"))) >= 2, 90, "two periodic checkpoints")
+        _wait(lambda: len(list((run_dir / "ckpt").glob("iteration_*.pt"))) >= 2, 240, "two periodic checkpoints")
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         saved = latest_checkpoint(run_dir)
