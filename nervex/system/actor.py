@@ -115,6 +115,8 @@ class ActorRole:
         Returns:
             The number of tasks this actor completed.
         """
+        if stop is not None:
+            self.link.stop_requested = stop.is_set
         self.link.register()
         self.link.start_heartbeat(lambda: [self.current_lease] if self.current_lease else [])
         wait = float(self.settings.idle_wait_s)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from nervex.system.cli import build_parser, load_config
+from nervex.system.cli import build_parser, load_config, run_role
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -21,28 +21,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     cfg, run_dir = loaded
     from nervex.system.actor import ActorRole
-    from nervex.system.worker import StopFlag, WorkerExit, close_role_logger, default_worker_id, role_logger
+    from nervex.system.worker import default_worker_id
 
-    logger = role_logger(run_dir, f"actor-{args.index}")
-    stop = StopFlag()
-    try:
-        role = ActorRole(
-            cfg, run_dir, args.index, args.worker_id or default_worker_id("actor", args.index), args.url, logger
-        )
+    def run(logger, stop):
+        worker_id = args.worker_id or default_worker_id("actor", args.index)
+        role = ActorRole(cfg, run_dir, args.index, worker_id, args.url, logger)
         try:
             role.run(stop)
         finally:
             role.close()
-    except WorkerExit as error:
-        logger.error("%s", error)
-        return error.code
-    except Exception:
-        logger.exception("actor %d failed", args.index)
-        return 1
-    finally:
-        stop.restore()
-        close_role_logger(logger)
-    return 0
+
+    return run_role(run_dir, f"actor-{args.index}", run)
 
 
 if __name__ == "__main__":

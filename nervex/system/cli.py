@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 
 def build_parser(role: str, description: str) -> argparse.ArgumentParser:
@@ -67,4 +67,34 @@ def forward_args(args: argparse.Namespace) -> List[str]:
     return out
 
 
-__all__ = ["build_parser", "forward_args", "load_config"]
+def run_role(run_dir: str, log_name: str, run: Callable[[Any, Any], None], stop: Optional[Any] = None) -> int:
+    """Run one role with the exit protocol every ``*_start`` shares; returns the exit status.
+
+    Args:
+        run_dir: The run directory (the log is ``<run_dir>/logs/<log_name>.log``).
+        log_name: The role's log name (``actor-3``, ``learner-0``...).
+        run: ``run(logger, stop)`` builds the role and runs it to its end (closing it on the way out).
+        stop: Signal flags with ``restore()`` (``StopSignals`` for the learner); a ``StopFlag`` (SIGTERM, SIGINT) if None.
+
+    Returns:
+        0 after a clean stop, the ``WorkerExit`` code (2: refused at registration), 1 on any other error (logged).
+    """
+    from nervex.system.worker import StopFlag, WorkerExit, close_role_logger, role_logger
+
+    logger = role_logger(run_dir, log_name)
+    stop = stop if stop is not None else StopFlag()
+    try:
+        run(logger, stop)
+    except WorkerExit as error:
+        logger.error("%s", error)
+        return error.code
+    except Exception:
+        logger.exception("%s failed", log_name)
+        return 1
+    finally:
+        stop.restore()
+        close_role_logger(logger)
+    return 0
+
+
+__all__ = ["build_parser", "forward_args", "load_config", "run_role"]

@@ -423,6 +423,14 @@ class Coordinator:
             self.task_table.heartbeat(worker_id, [])  # the worker was seen
             return {"task": None, "stop": True}
         task = self.task_table.lease(worker_id, kind)
+        if task is None and kind == "collect":
+            # an empty queue is topped up now, not at the next tick: otherwise collection is capped at
+            # max_pending_collect x n_sample per tick_s whatever the number of actors
+            with self._lock:
+                self._ingest_results()
+                created = self._top_up()
+            if created:
+                task = self.task_table.lease(worker_id, kind)
         if task is not None:
             task = {key: task[key] for key in ("task_id", "lease_id", "deadline", "payload")}
             if kind == "collect":

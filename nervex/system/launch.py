@@ -102,19 +102,22 @@ class Launch:
             time.sleep(0.2)
 
     def stop_all(self, grace_s: float = GRACE_S) -> None:
-        """SIGTERM every role's process group (the last started first, the coordinator last), SIGKILL what remains."""
-        order = list(reversed(self.started))
-        for _, process in order:
-            if process.poll() is None:
-                _signal_group(process, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for role, process in order:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                print(f"launch: {role} did not stop within {grace_s:.0f} s; killing it", file=sys.stderr)
-            _signal_group(process, signal.SIGKILL)  # also any child it left behind
-            process.wait()
+        """SIGTERM every worker's process group and wait, then the coordinator's (workers finish their last calls
+        against a live coordinator: the learner's stop checkpoint, an actor's completion); SIGKILL what remains."""
+        workers = [(r, p) for r, p in reversed(self.started) if r != "coordinator"]
+        coordinators = [(r, p) for r, p in reversed(self.started) if r == "coordinator"]
+        for group in (workers, coordinators):
+            for _, process in group:
+                if process.poll() is None:
+                    _signal_group(process, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for role, process in group:
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    print(f"launch: {role} did not stop within {grace_s:.0f} s; killing it", file=sys.stderr)
+                _signal_group(process, signal.SIGKILL)  # also any child it left behind
+                process.wait()
 
 
 class RoleDied(RuntimeError):

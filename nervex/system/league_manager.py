@@ -56,6 +56,8 @@ class LeagueManagerRole:
 
     def run(self, stop: Optional[Any] = None) -> None:
         """Post the choice and follow the learner until the run finishes or ``stop`` is set."""
+        if stop is not None:
+            self.link.stop_requested = stop.is_set
         self.link.register()
         try:
             while not self.link.stopping.is_set() and not (stop is not None and stop.is_set()):

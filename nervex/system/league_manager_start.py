@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from nervex.system.cli import build_parser, load_config
+from nervex.system.cli import build_parser, load_config, run_role
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -21,24 +21,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     cfg, run_dir = loaded
     from nervex.system.league_manager import LeagueManagerRole
-    from nervex.system.worker import StopFlag, WorkerExit, close_role_logger, default_worker_id, role_logger
+    from nervex.system.worker import default_worker_id
 
-    logger = role_logger(run_dir, "league_manager")
-    stop = StopFlag()
-    try:
-        LeagueManagerRole(cfg, run_dir, args.worker_id or default_worker_id("league_manager"), args.url, logger).run(
-            stop
-        )
-    except WorkerExit as error:
-        logger.error("%s", error)
-        return error.code
-    except Exception:
-        logger.exception("league manager failed")
-        return 1
-    finally:
-        stop.restore()
-        close_role_logger(logger)
-    return 0
+    def run(logger, stop):
+        worker_id = args.worker_id or default_worker_id("league_manager")
+        LeagueManagerRole(cfg, run_dir, worker_id, args.url, logger).run(stop)
+
+    return run_role(run_dir, "league_manager", run)
 
 
 if __name__ == "__main__":

@@ -229,6 +229,8 @@ class LearnerRole:
                 ``stop_requested()``): SIGUSR1 writes a checkpoint, SIGTERM/SIGINT write one and stop.
         """
         if self.link is not None:
+            if signals is not None:
+                self.link.stop_requested = signals.stop_requested
             self.link.register()
             self.link.start_heartbeat()
         self._publish(force=True)

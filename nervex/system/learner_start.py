@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from nervex.system.cli import build_parser, load_config
+from nervex.system.cli import build_parser, load_config, run_role
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -25,36 +25,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     from nervex.system.checkpoints import StopSignals
     from nervex.system.distributed import dist_info_from_env
     from nervex.system.learner import LearnerRole
-    from nervex.system.worker import WorkerExit, close_role_logger, role_logger
 
     try:
         dist = dist_info_from_env()
     except ValueError as error:
         print(f"learner_start: {error}", file=sys.stderr)
         return 2
-    logger = role_logger(run_dir, f"learner-{dist.rank}")
-    signals = StopSignals().install()
-    try:
-        role = LearnerRole(
-            cfg,
-            run_dir,
-            args.worker_id or f"learner-{dist.rank}",
-            args.url,
-            logger,
-            dist=dist if dist.world_size > 1 else None,
-        )
-        reason = role.run(signals)
-        logger.info("learner finished: %s", reason)
-    except WorkerExit as error:
-        logger.error("%s", error)
-        return error.code
-    except Exception:
-        logger.exception("learner rank %d failed", dist.rank)
-        return 1
-    finally:
-        signals.restore()
-        close_role_logger(logger)
-    return 0
+
+    def run(logger, signals):
+        role_dist = dist if dist.world_size > 1 else None
+        role = LearnerRole(cfg, run_dir, args.worker_id or f"learner-{dist.rank}", args.url, logger, dist=role_dist)
+        logger.info("learner finished: %s", role.run(signals))
+
+    return run_role(run_dir, f"learner-{dist.rank}", run, StopSignals().install())
 
 
 if __name__ == "__main__":

@@ -184,6 +184,8 @@ class ManagerRole:
         self.server.start()
         self.logger.info("manager relay listening on %s", self.url)
         try:
+            if stop is not None:
+                self.link.stop_requested = stop.is_set
             self.link.register()
             self.link.start_heartbeat()
             while not self.link.stopping.is_set() and not (stop is not None and stop.is_set()):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from nervex.system.cli import build_parser, forward_args, load_config
+from nervex.system.cli import build_parser, forward_args, load_config, run_role
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -26,37 +26,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     cfg, run_dir = loaded
     from nervex.system.manager import ManagerRole, manager_index_from_env
-    from nervex.system.worker import StopFlag, WorkerExit, close_role_logger, default_worker_id, role_logger
+    from nervex.system.worker import default_worker_id
 
     try:
         index = args.index if args.index is not None else manager_index_from_env()
     except ValueError as error:
         print(f"manager_start: {error}", file=sys.stderr)
         return 2
-    logger = role_logger(run_dir, f"manager-{index}")
-    stop = StopFlag()
-    try:
+
+    def run(logger, stop):
+        worker_id = args.worker_id or default_worker_id("manager", index)
+        child_args = forward_args(args)
         role = ManagerRole(
-            cfg,
-            run_dir,
-            args.worker_id or default_worker_id("manager", index),
-            forward_args(args),
-            index=index,
-            actors=args.actors,
-            url=args.url,
-            logger=logger,
+            cfg, run_dir, worker_id, child_args, index=index, actors=args.actors, url=args.url, logger=logger
         )
         role.run(stop)
-    except WorkerExit as error:
-        logger.error("%s", error)
-        return error.code
-    except Exception:
-        logger.exception("manager failed")
-        return 1
-    finally:
-        stop.restore()
-        close_role_logger(logger)
-    return 0
+
+    return run_role(run_dir, f"manager-{index}", run)
 
 
 if __name__ == "__main__":

@@ -148,12 +148,12 @@ class WorkerLink:
         self._url_lock = threading.Lock()
         self.url = url or self._wait_for_url()
         self.stopping = threading.Event()
+        self.stop_requested: Callable[[], bool] = lambda: False  # the role's signal flag: give up retrying
         self.lease_s = 30.0
         self.heartbeat_s = 10.0
         self._heartbeat_thread: Optional[threading.Thread] = None
         self._heartbeat_stop = threading.Event()
         self._leases: Callable[[], List[str]] = list
-        self.on_stale: Optional[Callable[[List[str]], None]] = None
 
     # ---- the address ----------------------------------------------------------------------------------------
     def _wait_for_url(self) -> str:
@@ -209,7 +209,7 @@ class WorkerLink:
                     raise WorkerExit(f"coordinator unreachable for {self.reconnect_s:.0f} s: {error}") from None
                 self.logger.warning("%s: %s; retrying", path, error)
                 self._refresh_url()
-                if self.stopping.wait(0.5):
+                if self.stopping.wait(0.5) or self.stop_requested():
                     raise WorkerExit("stopping while the coordinator is unreachable", code=0) from None
                 continue
             if isinstance(response, dict) and response.get("stop"):
@@ -264,9 +264,8 @@ class WorkerLink:
             except Exception:  # a heartbeat thread must not die silently
                 self.logger.exception("heartbeat failed")
                 continue
-            stale = answer.get("stale") or []
-            if stale and self.on_stale is not None:
-                self.on_stale(list(stale))
+            if answer.get("stale"):
+                self.logger.info("heartbeat: lease(s) %s ran out; their results will be dropped", answer["stale"])
 
     def close(self) -> None:
         self._heartbeat_stop.set()
