@@ -251,9 +251,11 @@ def wait_for_steps(client: Any, steps: int, timeout_s: float = 300.0) -> None:
         time.sleep(0.2)
 
 
-def collection_rates(env: str, variant: str, rounds: int, window_s: float, work_dir: str) -> Dict[str, List[float]]:
-    """Serial, 1-actor and 2-actor rates on ``env``, ``rounds`` interleaved windows each."""
-    overrides = COLLECT_OVERRIDES + ENVS[env] + VARIANTS[variant]
+def collection_rates(
+    env: str, variant: str, rounds: int, window_s: float, work_dir: str, extra: Sequence[str] = ()
+) -> Dict[str, List[float]]:
+    """Serial, 1-actor and 2-actor rates on ``env``, ``rounds`` interleaved windows each (``extra``: overrides)."""
+    overrides = COLLECT_OVERRIDES + ENVS[env] + VARIANTS[variant] + list(extra)
     cfg = parallel_cfg(overrides)
     run_dir = tempfile.mkdtemp(prefix="rate_", dir=work_dir)
     rates: Dict[str, List[float]] = {"serial": [], "1 actor": [], "2 actors": []}
@@ -563,6 +565,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a time-to-195 run is stopped")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round of 1.5 s, 1500 steps, seed 0")
     parser.add_argument("--json", help="write every measurement to this file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for the collection-rate runs, e.g. system.coordinator.n_sample=256",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.window, args.probe_steps, args.seeds = 1, 1.5, 1500, [0]
@@ -581,7 +591,7 @@ def main() -> None:
     try:
         if "rate" in parts:
             out["rates"] = {
-                f"{env}, {variant}": collection_rates(env, variant, args.rounds, args.window, work_dir)
+                f"{env}, {variant}": collection_rates(env, variant, args.rounds, args.window, work_dir, args.overrides)
                 for variant in args.variants
                 for env in ENVS
             }

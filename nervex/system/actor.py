@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
 from nervex.policy import set_seed
 from nervex.policy.contract import CollectSpec
-from nervex.system.comm.codec import decode_state_dict
+from nervex.system.comm.codec import decode_state_dict, flatten_arrays
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
 from nervex.system.protocol import (
@@ -42,6 +44,34 @@ from nervex.system.samples import encode_samples
 from nervex.system.worker import WorkerExit, WorkerLink
 
 MAX_IDLE_WAIT_S = 0.5
+MAIN_PHASES = ("collect", "snapshot", "wait", "idle")
+"""Where the actor's own thread spends its time: collecting, loading snapshots, waiting for the I/O thread, idle."""
+IO_PHASES = ("lease", "store", "complete")
+"""The I/O thread's work per task: the lease round trip, encoding and writing the samples, the report round trip."""
+
+
+def check_state_matches(state: Mapping[str, Any], own: Mapping[str, Any], name: str) -> None:
+    """Refuse a snapshot whose model tensors differ from the policy's own in name, shape or dtype, before anything is
+    loaded (``load_state_dict`` copies every tensor that fits before it raises on one that does not).
+
+    Raises:
+        ProtocolError: 400 naming the first tensor that differs (``size mismatch``, missing or unexpected).
+    """
+    theirs, ours = flatten_arrays(state), flatten_arrays(own)
+    for key in sorted(set(theirs) | set(ours)):
+        if key not in ours or key not in theirs:
+            what = "unexpected" if key in theirs else "missing"
+            raise ProtocolError(400, f"snapshot {name}: {what} tensor {key!r} for this policy", field=key)
+        a, b = theirs[key], ours[key]
+        if isinstance(b, torch.Tensor) and (
+            not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype
+        ):
+            got = f"{tuple(a.shape)} {a.dtype}" if isinstance(a, torch.Tensor) else type(a).__name__
+            raise ProtocolError(
+                400,
+                f"snapshot {name}: size mismatch for {key!r}: {got}, the policy has {tuple(b.shape)} {b.dtype}",
+                key,
+            )
 
 
 class ActorRole:
@@ -99,10 +129,19 @@ class ActorRole:
         self._learning_starts = learning_starts(self.cfg)
         self.snapshot: Optional[str] = None
         self.snapshot_iter = 0
-        self.current_lease: Optional[str] = None
+        self._held: Dict[str, str] = {}  # lease id -> task id: leased and not yet reported (heartbeats renew them)
+        self._lease_lock = threading.Lock()
         self.tasks_done = 0
         self.snapshot_loads = 0
         self.snapshot_load_times: List[float] = []
+        self.phase_s: Dict[str, float] = dict.fromkeys(
+            MAIN_PHASES + IO_PHASES, 0.0
+        )  # seconds spent per phase of a task
+
+    def _timed(self, phase: str, start: float) -> float:
+        now = time.perf_counter()
+        self.phase_s[phase] += now - start
+        return now
 
     # ---- SerialActor callbacks -------------------------------------------------------------------------------
     def on_episode_end(self, env_id: int, episode_return: float, episode_len: int) -> None:
@@ -112,60 +151,149 @@ class ActorRole:
     def run(self, stop: Optional[Any] = None) -> int:
         """Register, heartbeat, and run collect tasks until the coordinator says stop or ``stop`` is set.
 
+        With ``system.actor.prefetch`` (the default) the round trips are hidden behind collection: while this thread
+        collects task N, an I/O thread stores and reports task N-1 and leases task N+1 (the actor holds at most three
+        leases, all renewed by the heartbeat). Without it, one task at a time: lease, collect, store, report.
+
         Returns:
             The number of tasks this actor completed.
         """
         if stop is not None:
             self.link.stop_requested = stop.is_set
         self.link.register()
-        self.link.start_heartbeat(lambda: [self.current_lease] if self.current_lease else [])
-        wait = float(self.settings.idle_wait_s)
+        self.link.start_heartbeat(self._held_leases)
+        io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nervex-actor-io")
+        clean = False
         try:
-            while not self.link.stopping.is_set() and not (stop is not None and stop.is_set()):
-                answer = self.link.call_registered(TASK_LEASE_PATH, {"kind": "collect"})
-                task = answer.get("task")
-                if task is None:
-                    if answer.get("stop"):
-                        break
-                    time.sleep(wait)
-                    wait = min(MAX_IDLE_WAIT_S, wait * 2)
-                    continue
-                wait = float(self.settings.idle_wait_s)
-                self.run_task(task)
+            self._loop(io, stop)
+            clean = True
         finally:
+            io.shutdown(wait=True, cancel_futures=True)
+            if clean:
+                self._release_unstarted()
             self.link.close()
-        self.logger.info("actor %s stops after %d task(s)", self.link.worker_id, self.tasks_done)
+        main = sum(self.phase_s[k] for k in MAIN_PHASES) or 1.0
+        shares = ", ".join(f"{k} {100 * self.phase_s[k] / main:.0f}%" for k in MAIN_PHASES)
+        io_busy = ", ".join(f"{k} {1e3 * self.phase_s[k] / max(1, self.tasks_done):.1f} ms" for k in IO_PHASES)
+        self.logger.info(
+            "actor %s stops after %d task(s); its time: %s; per task in the background: %s",
+            self.link.worker_id,
+            self.tasks_done,
+            shares,
+            io_busy,
+        )
         return self.tasks_done
+
+    def _loop(self, io: ThreadPoolExecutor, stop: Optional[Any]) -> None:
+        prefetch = bool(self.settings.prefetch)
+        wait = float(self.settings.idle_wait_s)
+        done: Optional[Tuple[Mapping[str, Any], Dict[str, Any]]] = None  # collected, not yet reported
+        upcoming: Future = io.submit(self._exchange, None)  # the answer with the next task
+        while not self.link.stopping.is_set() and not (stop is not None and stop.is_set()):
+            start = time.perf_counter()
+            answer = upcoming.result()  # an error of the I/O thread (a refused report, no coordinator) surfaces here
+            start = self._timed("wait", start)
+            task = answer.get("task")
+            if task is None:
+                if answer.get("stop"):
+                    break
+                if done is None:  # (a collected task is reported at once: the rate limiter may wait for it)
+                    time.sleep(wait)
+                    self._timed("idle", start)
+                    wait = min(MAX_IDLE_WAIT_S, wait * 2)
+                upcoming, done = io.submit(self._exchange, done), None
+                continue
+            wait = float(self.settings.idle_wait_s)
+            if prefetch:  # report the last task and lease the next one while this one is collected
+                upcoming, done = io.submit(self._exchange, done, ahead=True), None
+            gathered = self._gather_or_fail(task)
+            if gathered is not None:
+                done = (task, gathered)
+            if not prefetch:
+                upcoming, done = io.submit(self._exchange, done), None
+        upcoming.result()
+        if done is not None:  # stopped: the last collected task is still reported
+            self._exchange(done, lease_next=False)
 
     def run_task(self, task: Mapping[str, Any]) -> Optional[bool]:
         """Collect one leased task and report it; returns whether the coordinator accepted the result (None: the
         task failed here and was reported as failed)."""
-        task_id, lease_id, payload = task["task_id"], task["lease_id"], task["payload"]
-        self.current_lease = lease_id
+        with self._lease_lock:
+            self._held[task["lease_id"]] = task["task_id"]
+        gathered = self._gather_or_fail(task)
+        return None if gathered is None else bool(self._report(task, gathered).get("accepted"))
+
+    # ---- the steps of a task -------------------------------------------------------------------------------------
+    def _held_leases(self) -> List[str]:
+        with self._lease_lock:
+            return list(self._held)
+
+    def _gather_or_fail(self, task: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+        """Collect ``task``'s samples; on an error, report the task failed and rebuild the env manager (None)."""
         try:
-            try:
-                result = self._collect(payload, task_id)
-            except WorkerExit:
-                raise
-            except Exception as error:  # the env manager could not recover, a snapshot would not load ...
-                self.logger.exception("task %s failed", task_id)
-                self._report_failure(task_id, lease_id, f"{type(error).__name__}: {error}")
-                self._rebuild_envs()
-                return None
-            answer = self.link.call_registered(
-                TASK_COMPLETE_PATH, {"task_id": task_id, "lease_id": lease_id, "result": result}
-            )
+            return self._gather(task["payload"], task["task_id"])
+        except WorkerExit:
+            raise
+        except Exception as error:  # the env manager could not recover, a snapshot would not load ...
+            self.logger.exception("task %s failed", task["task_id"])
+            self._report_failure(task["task_id"], task["lease_id"], f"{type(error).__name__}: {error}")
+            self._rebuild_envs()
+            return None
+
+    def _exchange(
+        self, done: Optional[Tuple[Mapping[str, Any], Dict[str, Any]]], lease_next: bool = True, ahead: bool = False
+    ) -> Dict[str, Any]:
+        """(I/O thread) Store and report a collected task (``done``), and lease the next one, in one round trip.
+
+        ``ahead``: the lease is a prefetch (this actor is busy with another task), which the coordinator refuses when
+        it would take the last waiting task.
+
+        Returns:
+            The lease answer: ``{'task': task or None, 'stop': bool}``. A leased task is held (heartbeats renew it)
+            until it is reported.
+        """
+        if done is None:
+            start = time.perf_counter()
+            answer = self.link.call_registered(TASK_LEASE_PATH, {"kind": "collect", "ahead": ahead})
+            self._timed("lease", start)
+        else:
+            task, gathered = done
+            answer = self._report(task, gathered, lease_next, ahead).get("next", {"task": None, "stop": False})
+        task = answer.get("task")
+        if task is not None:
+            with self._lease_lock:
+                self._held[task["lease_id"]] = task["task_id"]
+        return answer
+
+    def _report(
+        self, task: Mapping[str, Any], gathered: Dict[str, Any], lease_next: bool = False, ahead: bool = False
+    ) -> Dict[str, Any]:
+        """(I/O thread) Store the samples and report them (``lease_next``: and lease the next collect task); returns
+        the coordinator's answer, ``{'accepted': bool[, 'next': lease answer]}``."""
+        task_id, lease_id = task["task_id"], task["lease_id"]
+        body: Dict[str, Any] = {"task_id": task_id, "lease_id": lease_id}
+        if lease_next:
+            body.update(lease_next="collect", ahead=ahead)
+        try:
+            start = time.perf_counter()
+            body["result"] = self._store(task_id, gathered)
+            start = self._timed("store", start)
+            answer = self.link.call_registered(TASK_COMPLETE_PATH, body)
+            self._timed("complete", start)
         finally:
-            self.current_lease = None
-        accepted = bool(answer.get("accepted"))
-        if accepted:
+            with self._lease_lock:
+                self._held.pop(lease_id, None)
+        if answer.get("accepted"):
             self.tasks_done += 1
         else:
             self.logger.info("task %s: result dropped (its lease had run out)", task_id)
-        return accepted
+        return answer
 
-    def _collect(self, payload: Mapping[str, Any], task_id: str) -> Dict[str, Any]:
+    def _gather(self, payload: Mapping[str, Any], task_id: str) -> Dict[str, Any]:
+        """Act with the task's snapshot for its unit of collection; the samples and what to report of them."""
+        start = time.perf_counter()
         self._load_snapshot(payload.get("snapshot"), int(payload.get("policy_iter", 0)))
+        start = self._timed("snapshot", start)
         env_step = int(payload.get("env_step", 0))
         progress = {
             "env_step": env_step,
@@ -182,25 +310,45 @@ class ActorRole:
         before = self.actor.env_step
         samples = self.actor.collect(spec, setting, random_action=random_action)
         env_steps = self.actor.env_step - before
+        self._timed("collect", start)
         if not samples:
             raise RuntimeError(f"collect task {task_id} produced no samples ({env_steps} env steps)")
-        data = encode_samples(samples, {"nervex.task_id": task_id, "nervex.policy_iter": str(self.snapshot_iter)})
-        name = self.storage.put(data, "samples")
-        info = {k: float(v) for k, v in self.actor.stats().items() if k.startswith("env/")}
         return {
-            "data": name,
-            "n_samples": len(samples),
+            "samples": samples,
             "env_steps": int(env_steps),
             "episodes": list(self._episodes),
             "policy_iter": int(self.snapshot_iter),
-            "info": info,
+            "info": {k: float(v) for k, v in self.actor.stats().items() if k.startswith("env/")},
         }
+
+    def _store(self, task_id: str, gathered: Mapping[str, Any]) -> Dict[str, Any]:
+        """(I/O thread) The samples as one safetensors file on the storage path; the result to report."""
+        samples = gathered["samples"]
+        meta = {"nervex.task_id": task_id, "nervex.policy_iter": str(gathered["policy_iter"])}
+        name = self.storage.put(encode_samples(samples, meta), "samples")
+        return {
+            "data": name,
+            "n_samples": len(samples),
+            "env_steps": gathered["env_steps"],
+            "episodes": gathered["episodes"],
+            "policy_iter": gathered["policy_iter"],
+            "info": gathered["info"],
+        }
+
+    def _release_unstarted(self) -> None:
+        """Give back the leases still held when the loop ends (a prefetched task): re-queued now, not at expiry."""
+        for lease_id, task_id in list(self._held.items()):
+            try:
+                self._report_failure(task_id, lease_id, "the actor stopped before starting the task")
+            except WorkerExit:  # the coordinator is gone: the lease expires there instead
+                break
 
     def _load_snapshot(self, name: Optional[str], policy_iter: int) -> None:
         if name is None or name == self.snapshot:
             return
         start = time.perf_counter()
         state = decode_state_dict(self.storage.get(name))
+        check_state_matches(state.get("model", {}), self.policy.state_dict()["model"], name)
         self.policy.collect_mode.load_state_dict(state)
         self.snapshot, self.snapshot_iter = name, int(policy_iter)
         self.snapshot_loads += 1
@@ -211,6 +359,9 @@ class ActorRole:
             self.link.call_registered(TASK_FAIL_PATH, {"task_id": task_id, "lease_id": lease_id, "reason": reason})
         except ProtocolError as error:
             self.logger.warning("could not report the failure of task %s: %s", task_id, error)
+        finally:
+            with self._lease_lock:
+                self._held.pop(lease_id, None)
 
     def _rebuild_envs(self) -> None:
         """A fresh env manager and actor after a failed task (the old one may hold dead processes)."""

@@ -7,7 +7,8 @@ WAL with ``synchronous=FULL``, so whatever a route acknowledged survives a ``kil
 re-queues the leases that ran out while it was down and goes on.
 
 Every route is a ``POST`` of JSON, signed (``nervex.system.comm.auth``), and idempotent: a request whose response was
-lost is sent again by the client. A background thread (every ``tick_s``) expires leases and tops up collect tasks:
+lost is sent again by the client. A lease request is made so by its ``request_id``: sent again, it gets the task its
+first sending leased. A background thread (every ``tick_s``) expires leases and tops up collect tasks:
 
 * at most ``max_pending_collect`` collect tasks wait for an actor;
 * none is created while ``max_queued_results`` accepted results wait for the learner, while the storage root or run
@@ -213,6 +214,7 @@ class Coordinator:
         self._state: Optional[RunState] = None
         self._storage: Optional[Storage] = None
         self._roles: Dict[str, str] = {}
+        self._last_lease: Dict[str, Tuple[str, str, str]] = {}  # worker id -> (request id, task id, lease id)
         self._last_sweep = time.monotonic()
         self.run_id = ""
 
@@ -412,30 +414,52 @@ class Coordinator:
         return {"renewed": beat["renewed"], "stale": beat["stale"], "stop": self._is_finished()}
 
     def _lease(self, body: Any) -> Dict[str, Any]:
-        check_known(body, ("worker_id", "kind"))
+        check_known(body, ("worker_id", "kind", "request_id", "ahead"))
         worker_id, kind = require(body, "worker_id", str), require(body, "kind", str)
-        role = self._role(worker_id)
-        if kind not in LEASE_ROLES:
-            raise ProtocolError(400, f"unknown task kind {kind!r}; expected one of {', '.join(LEASE_ROLES)}", "kind")
-        if role not in LEASE_ROLES[kind]:
-            raise ProtocolError(403, f"a {role} may not lease {kind} tasks (only {LEASE_ROLES[kind]})", "kind")
+        request_id = optional(body, "request_id", str)
+        ahead = optional(body, "ahead", bool, False)  # a prefetch by a worker busy with another task
+        self._check_lease_kind(self._role(worker_id), kind, "kind")
         if self._is_finished():
             self.task_table.heartbeat(worker_id, [])  # the worker was seen
             return {"task": None, "stop": True}
-        task = self.task_table.lease(worker_id, kind)
-        if task is None and kind == "collect":
-            # an empty queue is topped up now, not at the next tick: otherwise collection is capped at
-            # max_pending_collect x n_sample per tick_s whatever the number of actors
-            with self._lock:
-                self._ingest_results()
-                created = self._top_up()
-            if created:
-                task = self.task_table.lease(worker_id, kind)
+        with self._lock:  # a retry and its original (delivered late) get one task between them
+            task = self._leased_by_request(worker_id, request_id) or self._lease_task(worker_id, kind, ahead)
+            if task is not None and request_id is not None:
+                self._last_lease[worker_id] = (request_id, task["task_id"], task["lease_id"])
         if task is not None:
             task = {key: task[key] for key in ("task_id", "lease_id", "deadline", "payload")}
             if kind == "collect":
                 task["payload"] = self._at_lease(task["payload"])
         return {"task": task, "stop": False}
+
+    @staticmethod
+    def _check_lease_kind(role: str, kind: str, field: str) -> None:
+        if kind not in LEASE_ROLES:
+            raise ProtocolError(400, f"unknown task kind {kind!r}; expected one of {', '.join(LEASE_ROLES)}", field)
+        if role not in LEASE_ROLES[kind]:
+            raise ProtocolError(403, f"a {role} may not lease {kind} tasks (only {LEASE_ROLES[kind]})", field)
+
+    def _lease_task(self, worker_id: str, kind: str, ahead: bool = False) -> Optional[Dict[str, Any]]:
+        if kind != "collect":
+            return self.task_table.lease(worker_id, kind)
+        pending = self.task_table.pending_count(kind)
+        if pending == 0:
+            # an empty queue is topped up now, not at the next tick: otherwise collection is capped at
+            # max_pending_collect x n_sample per tick_s whatever the number of actors
+            self._ingest_results()
+            pending = self._top_up()
+        if ahead and pending < 2:
+            return None  # a prefetching actor does not take the last waiting task, which an idle actor may need
+        return self.task_table.lease(worker_id, kind)
+
+    def _leased_by_request(self, worker_id: str, request_id: Optional[str]) -> Optional[Dict[str, Any]]:
+        """The task this worker's lease request ``request_id`` got before, while that lease is still current: the
+        answer was lost and the request sent again. Kept in memory only: after a restart the first lease runs out."""
+        last = self._last_lease.get(worker_id)
+        if request_id is None or last is None or last[0] != request_id:
+            return None
+        task = self.task_table.get_task(last[1])
+        return task if task["state"] == "leased" and task["lease_id"] == last[2] else None
 
     def _at_lease(self, payload: Dict[str, Any]) -> Dict[str, Any]:
         """A collect task's payload completed when it is handed out: the snapshot to act with is chosen now (not when
@@ -453,10 +477,22 @@ class Coordinator:
         )
 
     def _complete(self, body: Any) -> Dict[str, Any]:
-        check_known(body, ("worker_id", "task_id", "lease_id", "result"))
+        check_known(body, ("worker_id", "task_id", "lease_id", "result", "lease_next", "request_id", "ahead"))
         worker_id, task_id = require(body, "worker_id", str), require(body, "task_id", str)
         lease_id, result = require(body, "lease_id", str), require(body, "result", dict)
-        self._role(worker_id)
+        lease_next = optional(body, "lease_next", str, None)
+        role = self._role(worker_id)
+        if lease_next is not None:  # refused before the report is recorded: a refusal has no side effect
+            self._check_lease_kind(role, lease_next, "lease_next")
+        answer = {"accepted": self._complete_task(worker_id, task_id, lease_id, result)}
+        if lease_next is not None:  # report and lease the next task in one round trip
+            next_body = dict(
+                worker_id=worker_id, kind=lease_next, request_id=body.get("request_id"), ahead=body.get("ahead")
+            )
+            answer["next"] = self._lease({k: v for k, v in next_body.items() if v is not None})
+        return answer
+
+    def _complete_task(self, worker_id: str, task_id: str, lease_id: str, result: Dict[str, Any]) -> bool:
         with self._lock:
             task = self.task_table.get_task(task_id)
             collect = task["kind"] == "collect"
@@ -464,13 +500,18 @@ class Coordinator:
                 validate_collect_result(result)
             current = self._check_lease_owner(task, lease_id, worker_id)
             if current and task["state"] == "leased" and collect:
-                self._refuse_if_backpressured(task_id)
+                try:
+                    self._refuse_if_backpressured(task_id)
+                except ProtocolError:
+                    # the worker keeps its file and sends the result again: not an orphan for the sweep meanwhile
+                    self._storage.touch(result["data"])
+                    raise
             accepted = self.task_table.complete(task_id, lease_id, result)
             if accepted:
                 self._ingest_results()
             elif collect:
                 self._discard_stale_data(task_id, result["data"])
-        return {"accepted": accepted}
+        return accepted
 
     def _fail(self, body: Any) -> Dict[str, Any]:
         check_known(body, ("worker_id", "task_id", "lease_id", "reason"))
@@ -498,10 +539,11 @@ class Coordinator:
         return {"items": items, "stop": self._is_finished()}
 
     def _progress(self, body: Any) -> Dict[str, Any]:
-        fields = ("worker_id", "train_iter", "env_step", "sampled", "snapshot", "policy_iter")
+        fields = ("worker_id", "train_iter", "env_step", "sampled", "snapshot", "policy_iter", "buffer_size")
         check_known(body, fields)
         self._require_learner(require(body, "worker_id", str))
         report = {name: require(body, name, int, ge=0) for name in ("train_iter", "env_step", "sampled", "policy_iter")}
+        report["buffer_size"] = optional(body, "buffer_size", int, ge=0)
         snapshot = optional(body, "snapshot", str)
         report["snapshot"] = None if snapshot is None else require_storage_name(snapshot, "snapshot")
         report["updated_at"] = self._clock()
@@ -673,7 +715,13 @@ class Coordinator:
         table, state = self.task_table, self._run_state()
         pending = table.pending_count("collect")
         spi = self.settings.samples_per_insert
-        sampled = self.learner_progress().get("sampled", 0)
+        learner = self.learner_progress()
+        limit = None if spi is None else self._learning_starts + learner.get("sampled", 0) / spi
+        if limit is not None and learner.get("buffer_size") is not None:
+            # Reverb's min_size_to_sample: a learner whose replay buffer holds fewer than learning_starts samples (a
+            # restarted learner's is empty) is not held back by what it sampled before; it is refilled up to there
+            deficit = max(0, self._learning_starts - int(learner["buffer_size"]))
+            limit = max(limit, int(learner.get("env_step", 0)) + deficit)
         return collect_budget(
             pending=pending,
             max_pending=self.settings.max_pending_collect,
@@ -681,7 +729,7 @@ class Coordinator:
             task_env_steps=self._task_env_steps(),
             accepted_env_steps=state.env_steps,
             max_env_step=self.cfg.max_env_step,
-            insert_limit=None if spi is None else self._learning_starts + sampled / spi,
+            insert_limit=limit,
         )
 
     def _task_env_steps(self) -> int:

@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Mapping, Optional
+from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -146,7 +146,7 @@ class LearnerRole:
         self._published_iter = -1
         self._published_at = 0.0
         self._reported_at = 0.0
-        self._reported_iter = -1
+        self._reported: Tuple[int, int] = (-1, -1)  # (train_iter, env_step) of the last progress report
         self._train_sums: Dict[str, float] = {}
         self._train_steps = 0
         self._last_log_step = 0
@@ -309,18 +309,28 @@ class LearnerRole:
             for episode in result.get("episodes", []):
                 self.episode_returns.append(float(episode["return"]))
                 self.episode_lens.append(int(episode["length"]))
-            if samples is None:
+            if samples is None or not (self.contract.on_policy or self._stored(samples, item.get("task_id", "?"))):
                 continue
             count += 1
             self.counters["results"] += 1
             if self.contract.on_policy:
                 self._train_rollout(samples)
             else:
-                self.buffer.extend(samples, learner_iter=self.train_iter)
                 starts = int(self.contract.learn.learning_starts)
                 counted = min(env_steps, max(0, self.env_step - starts))
                 self._credit += counted * self._ratio
         return count
+
+    def _stored(self, samples: List[Dict[str, Any]], task_id: str) -> bool:
+        """Add ``samples`` to the replay buffer; False (counted, logged) when their fields or shapes are not the
+        buffer's: a well-formed file of other samples (forged, or from another config) must not stop the learner."""
+        try:
+            self.buffer.extend(samples, learner_iter=self.train_iter)  # stores all or nothing
+        except ValueError as error:
+            self.counters["bad_data"] += 1
+            self.logger.warning("skipped the data of %s: %s", task_id, error)
+            return False
+        return True
 
     def _read(self, result: Mapping[str, Any], task_id: str) -> Optional[List[Dict[str, Any]]]:
         lag_cap = self.settings.max_policy_lag
@@ -412,7 +422,8 @@ class LearnerRole:
         if self.link is None:
             return
         now = time.monotonic()
-        if not force and (self.train_iter == self._reported_iter or now - self._reported_at < PROGRESS_INTERVAL_S):
+        current = (self.train_iter, self.env_step)  # new data counts too: a refilling buffer is progress
+        if not force and (current == self._reported or now - self._reported_at < PROGRESS_INTERVAL_S):
             return
         body = {
             "train_iter": self.train_iter,
@@ -421,8 +432,10 @@ class LearnerRole:
             "snapshot": self.snapshot,
             "policy_iter": max(0, self._published_iter),
         }
+        if self.buffer is not None:
+            body["buffer_size"] = len(self.buffer)  # below learning_starts, the rate limiter lets it refill
         self.link.call_registered(LEARNER_PROGRESS_PATH, body)
-        self._reported_at, self._reported_iter = now, self.train_iter
+        self._reported_at, self._reported = now, current
 
     # ---- evaluation, limits, logs ----------------------------------------------------------------------------
     def _maybe_eval(self) -> None:

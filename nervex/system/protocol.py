@@ -31,7 +31,7 @@ from nervex.config.config import config_source
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import KIND_PATTERN, SUFFIX
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: lease and complete requests carry a request_id (KEYED_PATHS)
 ROLES = ("actor", "learner", "manager", "league_manager")
 
 REGISTER_PATH = "/v1/register"
@@ -56,6 +56,11 @@ ROUTES = (
     STATUS_PATH,
     LEAGUE_UPDATE_PATH,
 )
+
+KEYED_PATHS = (TASK_LEASE_PATH, TASK_COMPLETE_PATH)
+"""Routes that lease (a complete with ``lease_next`` leases too), so not idempotent by their body alone: ``WorkerLink``
+adds a ``request_id``, the same through every retry of one call, and a lease whose answer was lost is handed out again
+instead of a second task being leased."""
 
 COORDINATOR_URL_FILE = "coordinator.url"
 """``<run_dir>/coordinator.url``: the coordinator's ``http://host:port``, written atomically once it listens."""
@@ -96,6 +101,7 @@ LEARNER_CONFIG: Dict[str, Any] = dict(
 ACTOR_CONFIG: Dict[str, Any] = dict(
     idle_wait_s=Field(0.02, gt=0),  # first wait when no collect task is available (doubles up to 0.5 s)
     seed_stride=Field(1000, ge=1),  # actor i seeds its envs from seed + (i + 1) * seed_stride
+    prefetch=Field(True),  # lease the next task and report the last one in a background thread while collecting
 )
 
 MANAGER_CONFIG: Dict[str, Any] = dict(
@@ -390,6 +396,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ROLES",
     "ROUTES",
+    "KEYED_PATHS",
     "REGISTER_PATH",
     "HEARTBEAT_PATH",
     "TASK_LEASE_PATH",

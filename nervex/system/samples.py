@@ -58,7 +58,8 @@ def encode_samples(samples: Sequence[Mapping[str, Any]], metadata: Optional[Mapp
     """
     if not samples:
         raise ValueError("encode_samples needs at least one sample")
-    flat = [flatten_arrays(sample) for sample in samples]
+    nested = any(isinstance(value, Mapping) for value in samples[0].values())
+    flat = [flatten_arrays(sample) for sample in samples] if nested else samples  # the common case: flat samples
     kinds = {name: leaf_kind(value) for name, value in flat[0].items()}
     for index, sample in enumerate(flat[1:], start=1):
         if sample.keys() != kinds.keys():
@@ -73,9 +74,10 @@ def encode_samples(samples: Sequence[Mapping[str, Any]], metadata: Optional[Mapp
 
 
 def _stack(name: str, values: List[Any], kind: str) -> np.ndarray:
-    for index, value in enumerate(values):
-        if leaf_kind(value) != kind:
-            raise ValueError(f"sample {index}: {name!r} is a {leaf_kind(value)}, sample 0's a {kind}")
+    kind_of = {t: leaf_kind(v) for t, v in {type(v): v for v in values}.items()}  # one check per type, not per value
+    if any(k != kind for k in kind_of.values()):
+        index = next(i for i, v in enumerate(values) if kind_of[type(v)] != kind)
+        raise ValueError(f"sample {index}: {name!r} is a {leaf_kind(values[index])}, sample 0's a {kind}")
     if kind == "tensor":
         values = [v.detach().cpu().numpy() for v in values]
     try:
@@ -106,6 +108,13 @@ def decode_samples(data: bytes, max_bytes: int = MAX_BYTES) -> Tuple[List[Dict[s
         raise ProtocolError(400, f"arrays and the samples' layout disagree on {diff}", field=diff[0])
     for name, array in arrays.items():
         _check_leaf(name, array, kinds[name], n)
+    stored = sum(array.nbytes for array in arrays.values())
+    if n > stored:  # else a few bytes could claim 10**12 empty samples and the loop below would never end
+        raise ProtocolError(
+            400,
+            f"{n} samples cannot be held by {stored} bytes of arrays (every sample has at least one byte)",
+            field=f"__metadata__.{SAMPLES_KEY}.n",
+        )
     flat = [{name: _unstack(arrays[name][i], kind) for name, kind in kinds.items()} for i in range(n)]
     rest = {k: v for k, v in metadata.items() if k != SAMPLES_KEY}
     return [unflatten_arrays(sample) for sample in flat], rest
@@ -119,6 +128,8 @@ def _read_layout(metadata: Mapping[str, str]) -> Tuple[int, Dict[str, str]]:
         raise ProtocolError(400, "not a samples file: its metadata has no samples layout", field=field) from None
     except json.JSONDecodeError as e:
         raise ProtocolError(400, f"the samples layout is not JSON: {e.msg}", field=field) from None
+    except RecursionError:
+        raise ProtocolError(400, "the samples layout is nested too deeply to be one", field=field) from None
     if not isinstance(layout, dict) or set(layout) != {"n", "kinds"}:
         raise ProtocolError(400, "the samples layout must be {'n': int, 'kinds': {leaf: kind}}", field=field)
     n, kinds = layout["n"], layout["kinds"]

@@ -21,6 +21,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 from nervex.system.comm.auth import load_or_create_token
@@ -28,6 +29,7 @@ from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.http import Client
 from nervex.system.protocol import (
     HEARTBEAT_PATH,
+    KEYED_PATHS,
     PROTOCOL_VERSION,
     REGISTER_PATH,
     config_hash,
@@ -193,11 +195,15 @@ class WorkerLink:
     def call(self, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
         """POST ``body`` (with this worker's id) to ``path``; retried through outages up to ``reconnect_s``.
 
+        A call to one of ``KEYED_PATHS`` also carries a ``request_id``: a retry is known as the same request.
+
         Raises:
             ProtocolError: the coordinator refused the request (4xx other than 429, 5xx other than 502-504).
             WorkerExit: the coordinator stayed unreachable for ``reconnect_s``.
         """
         body = dict(body, worker_id=self.worker_id)
+        if path in KEYED_PATHS:
+            body["request_id"] = uuid.uuid4().hex  # one per call, the same in each of its retries
         give_up = time.monotonic() + self.reconnect_s
         while True:
             try:
@@ -265,7 +271,11 @@ class WorkerLink:
                 self.logger.exception("heartbeat failed")
                 continue
             if answer.get("stale"):
-                self.logger.info("heartbeat: lease(s) %s ran out; their results will be dropped", answer["stale"])
+                self.logger.info(
+                    "heartbeat: lease(s) %s no longer current (completed meanwhile, or ran out: a result for those is "
+                    "dropped)",
+                    answer["stale"],
+                )
 
     def close(self) -> None:
         self._heartbeat_stop.set()

@@ -322,6 +322,71 @@ def test_fail_requeues_the_task_for_the_next_lease(harness):
     assert again["task_id"] == task["task_id"] and again["lease_id"] != task["lease_id"]
 
 
+def test_a_lease_request_sent_again_gets_the_task_its_first_sending_leased(harness):
+    """The answer to a lease was lost and the worker sends the request again (same ``request_id``): it gets the same
+    task and lease, not a second task that would stay leased to it, unseen, until the lease ran out."""
+    h = harness()
+    h.register("actor0")
+    first_body = {"worker_id": "actor0", "kind": "collect", "request_id": "r1"}
+    first = h.post(TASK_LEASE_PATH, first_body)["task"]
+    assert h.post(TASK_LEASE_PATH, first_body)["task"] == first
+    second_body = dict(first_body, request_id="r2")
+    second = h.post(TASK_LEASE_PATH, second_body)["task"]
+    assert second["task_id"] != first["task_id"]
+    assert h.complete("actor0", second, h.result())
+    third = h.post(TASK_LEASE_PATH, second_body)["task"]  # its lease ended: a late copy of r2 leases anew
+    assert third["task_id"] not in (first["task_id"], second["task_id"])
+    table = h.coordinator.task_table
+    assert [table.get_task(t["task_id"])["attempts"] for t in (first, second, third)] == [1, 1, 1]
+    assert h.post(TASK_LEASE_PATH, {"worker_id": "actor0", "kind": "collect"})["task"]["task_id"] not in {
+        first["task_id"],
+        second["task_id"],
+        third["task_id"],
+    }  # without a request id, every request leases
+
+
+def test_a_complete_with_lease_next_sent_again_gets_the_same_next_task(harness):
+    """Report-and-lease in one round trip whose answer was lost: the retry is accepted again and gets the same next
+    task, not a second one."""
+    h = harness()
+    h.register("actor0")
+    task = h.lease("actor0")
+    body = dict(worker_id="actor0", task_id=task["task_id"], lease_id=task["lease_id"], result=h.result())
+    body.update(lease_next="collect", request_id="r1")
+    first = h.post(TASK_COMPLETE_PATH, body)
+    again = h.post(TASK_COMPLETE_PATH, body)
+    assert first["accepted"] and again == first
+    assert len(h.coordinator.task_table.tasks(state="leased", kind="collect")) == 1
+
+
+def test_a_prefetch_lease_leaves_the_last_waiting_task_to_an_idle_actor(harness):
+    h = harness(max_pending_collect=2)
+    h.register("actor0")
+    h.register("actor1")
+    busy = h.lease("actor0")  # two tasks are created, one is left waiting
+    ahead = {"worker_id": "actor0", "kind": "collect", "ahead": True}
+    assert h.post(TASK_LEASE_PATH, ahead)["task"] is None  # actor0 is busy: the last task is not its
+    assert h.lease("actor1") is not None
+    prefetched = h.post(TASK_LEASE_PATH, ahead)["task"]  # two new tasks: one may go ahead
+    assert prefetched is not None and prefetched["task_id"] != busy["task_id"]
+    body = dict(worker_id="actor0", task_id=busy["task_id"], lease_id=busy["lease_id"], result=h.result())
+    answer = h.post(TASK_COMPLETE_PATH, dict(body, lease_next="collect", ahead=True))
+    assert answer["accepted"] and answer["next"]["task"] is None  # the same rule for report-and-lease
+
+
+@pytest.mark.parametrize("kind, status", [("dance", 400), ("learn", 403)])
+def test_a_complete_with_a_bad_lease_next_is_refused_and_records_nothing(harness, kind, status):
+    h = harness()
+    h.register("actor0")
+    task = h.lease("actor0")
+    body = dict(worker_id="actor0", task_id=task["task_id"], lease_id=task["lease_id"], result=h.result())
+    error = refusal(lambda: h.post(TASK_COMPLETE_PATH, dict(body, lease_next=kind)))
+    assert (error.status, error.field) == (status, "lease_next")
+    assert h.coordinator.task_table.get_task(task["task_id"])["state"] == "leased"
+    answer = h.post(TASK_COMPLETE_PATH, dict(body, lease_next="collect"))
+    assert answer["accepted"] and answer["next"]["task"]["task_id"] != task["task_id"]
+
+
 def test_heartbeat_renews_a_current_lease_and_reports_an_expired_one_stale(harness):
     h = harness(lease_s=30.0)
     h.register("actor0")
@@ -408,6 +473,27 @@ def test_samples_per_insert_stops_task_creation_until_the_learner_samples(harnes
     assert h.lease("actor0") is None  # 24 + 8 in flight > 24
 
 
+def test_a_restarted_learner_with_an_empty_buffer_is_refilled_up_to_learning_starts(harness):
+    """After a learner restart its replay buffer is empty: what it sampled before must not hold collection back
+    (it could never sample again), but only learning_starts samples are let in before the ratio rules again."""
+    h = harness(learning_starts=16, samples_per_insert=2.0, max_pending_collect=4)
+    h.register("actor0")
+    h.register("learner0", role="learner")
+    for task in [h.lease("actor0") for _ in range(3)]:  # 24 env steps accepted
+        assert h.complete("actor0", task, h.result())
+    h.progress(sampled=0)
+    h.coordinator.tick()
+    assert h.lease("actor0") is None  # 24 > 16 + 0 / 2
+    body = dict(worker_id="learner0", train_iter=1, env_step=24, sampled=0, snapshot=None, policy_iter=0)
+    h.post(LEARNER_PROGRESS_PATH, dict(body, buffer_size=0))  # restarted: its buffer is empty
+    h.coordinator.tick()
+    refill = [h.lease("actor0") for _ in range(4)]
+    assert [t is not None for t in refill] == [True, True, True, False]  # 24 + 0, 8, 16 <= 24 + 16; 48 > 40
+    h.post(LEARNER_PROGRESS_PATH, dict(body, buffer_size=16))  # refilled (as far as it has read)
+    h.coordinator.tick()
+    assert h.lease("actor0") is None  # the ratio rules again: 48 in flight > 16 + 0 / 2
+
+
 def test_max_queued_results_stops_creation_and_a_hard_cap_answers_429(harness):
     h = harness(max_pending_collect=4, max_queued_results=2, hard_queued_results=3)
     h.register("actor0")
@@ -440,7 +526,12 @@ def test_a_full_disk_answers_507_without_losing_an_accepted_result(harness, monk
     error = refusal(lambda: h.complete("actor0", second, second_result))
     assert error.status == 507 and "min_free_bytes" in error.message
     assert h.coordinator.task_table.get_task(second["task_id"])["state"] == "leased"
-    assert os.path.exists(os.path.join(h.storage.root, second_result["data"]))
+    path = os.path.join(h.storage.root, second_result["data"])
+    assert os.path.exists(path)
+    os.utime(path, (1.0, 1.0))  # as old as an orphan: the actor has been sending it again for a long time
+    assert refusal(lambda: h.complete("actor0", second, second_result)).status == 507
+    assert h.storage.age(second_result["data"]) < 60  # each refusal makes the file young again ...
+    assert h.coordinator.sweep()["orphans"] == 0 and os.path.exists(path)  # ... so the sweep keeps it
     pending = h.status()["collect"]["pending"]
     h.coordinator.tick()
     assert h.status()["collect"]["pending"] == pending  # no task is created on a full disk

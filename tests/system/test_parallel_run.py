@@ -345,7 +345,7 @@ def _state(run_dir: Path, task_id: str) -> str:
 def test_coordinator_killed_and_restarted_mid_run(tmp_path):
     """kill -9 the coordinator mid-run and start it again: workers reconnect, the task table is intact, 195."""
     run_dir = tmp_path / "run"
-    with Roles(run_dir, DQN) as roles:
+    with Roles(run_dir, DQN, "evaluator.eval_freq=4000") as roles:  # not at 195 before the kill
         first = roles.start("coordinator")
         roles.launch.wait_for_coordinator()
         url = read_coordinator_url(str(run_dir))
@@ -382,7 +382,8 @@ def test_learner_killed_resumes_with_identical_parameters_and_optimizer_state(tm
     """kill -9 the learner after a periodic checkpoint: a new learner loads the newest checkpoint exactly (weights,
     optimizer moments, counters, poll cursor) and the run goes on to 195."""
     run_dir = tmp_path / "run"
-    overrides = ("system.learner.checkpoint_interval_min=0.02",)  # about one checkpoint a second
+    # about one checkpoint a second; the first evaluation late enough for two of them (195 is often reached at 1024)
+    overrides = ("system.learner.checkpoint_interval_min=0.02", "evaluator.eval_freq=4000")
     with Roles(run_dir, DQN, *overrides) as roles:
         roles.start("coordinator")
         roles.launch.wait_for_coordinator()
@@ -400,6 +401,7 @@ def test_learner_killed_resumes_with_identical_parameters_and_optimizer_state(tm
         cfg = read_config(str(DQN))
         cfg.num_threads = 1
         cfg.system.learner.checkpoint_interval_min = 0.02
+        cfg.evaluator.eval_freq = 4000
         resumed = LearnerRole(cfg, str(run_dir), "learner-probe")
         try:
             state = resumed.learner.state_dict()

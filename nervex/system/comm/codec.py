@@ -51,6 +51,7 @@ _TORCH_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, 
 _TORCH_DTYPES |= {torch.float16, torch.float32, torch.float64}
 _ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
 _MAX_NDIM = 32
+_MAX_ARRAY_BYTES = int(np.iinfo(np.intp).max)  # NumPy's limit on an array's size, empty dimensions left out
 _MAX_TREE_DEPTH = 64
 
 Tree = Mapping[str, Any]
@@ -250,6 +251,9 @@ def _check_entry(name: str, entry: Any, buffer_len: int) -> _Entry:
             f"shape {shape} of {entry['dtype']} needs {needed} bytes, data_offsets [{begin}, {end}] span {end - begin}",
             field=f"{name}.data_offsets",
         )
+    if math.prod(n for n in shape if n) * dtype.itemsize > _MAX_ARRAY_BYTES:
+        # an empty array (a 0 in its shape, its offsets span 0 bytes) whose other dimensions NumPy cannot hold
+        raise ProtocolError(400, f"shape {shape} is too large for any array, even an empty one", f"{name}.shape")
     return _Entry(name, dtype, tuple(shape), begin, end)
 
 

@@ -156,6 +156,14 @@ class Storage:
         except FileNotFoundError:
             return None
 
+    def touch(self, name: str) -> None:
+        """Make ``name`` young again (its ``age`` restarts from 0); a name with no file is not an error."""
+        _check_name(name)
+        try:
+            os.utime(self._path(name))
+        except FileNotFoundError:
+            pass
+
     def collect_temp(self, max_age_s: float) -> int:
         """Remove temporary files older than ``max_age_s`` (left by writers killed midway); returns how many.
 
