@@ -488,17 +488,19 @@ def test_every_role_has_help_and_refuses_a_bad_config(tmp_path, role):
 
 @pytest.mark.slow
 def test_chaos_soak_an_actor_killed_every_few_seconds_still_reaches_the_target(tmp_path):
-    """./run.sh dist's launcher with 2 actors, one of them SIGKILLed every 8 s (the issue asks for every 20 s; the
-    run is shorter than that here): the manager restarts each, the leases re-queue, PPO still reaches 475."""
+    """./run.sh dist's launcher with 2 actors, the newest SIGKILLed every 5 s (the issue asks for every 20 s; the
+    run is shorter than that here): the manager restarts each, the leases re-queue, PPO still reaches a perfect 500
+    (a harder target than the config's 475, so that the run lasts through several kills)."""
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "nervex.system.launch", str(PPO), "--run-dir", str(run_dir), "--actors", "2"]
     command += ["--timeout", "600", "--set", "num_threads=1", "--set", "system.coordinator.lease_s=3.0"]
+    command += ["--set", "evaluator.stop_val=500"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
     kills = 0
     try:
         _wait_for_text(run_dir / "logs" / "manager-0.log", "started actor 1", 120)
         while process.poll() is None:
-            time.sleep(8.0)
+            time.sleep(5.0)
             log = (run_dir / "logs" / "manager-0.log").read_text()
             pids = [int(line.rsplit("pid ", 1)[1].rstrip(")")) for line in log.splitlines() if "started actor" in line]
             try:
@@ -512,6 +514,6 @@ def test_chaos_soak_an_actor_killed_every_few_seconds_still_reaches_the_target(t
             process.kill()
     assert process.returncode == 0, stderr[-3000:]
     assert kills >= 2
-    assert float(eval_rows(run_dir)[-1]["mean_reward"]) >= 475.0
+    assert float(eval_rows(run_dir)[-1]["mean_reward"]) >= 500.0
     assert "restarting in" in (run_dir / "logs" / "manager-0.log").read_text()
     assert_exact_accounting(run_dir)

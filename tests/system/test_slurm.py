@@ -7,7 +7,9 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,46 @@ def test_run_slurm_reaches_195_under_a_real_slurm(tmp_path):
         assert float(list(csv.DictReader(f))[-1]["mean_reward"]) >= 195.0
     queue = subprocess.run(["squeue", "-h", "-n", "nervex-coordinator"], capture_output=True, text=True).stdout
     assert not queue.strip(), f"the coordinator step outlived the run: {queue}"
+
+
+@pytest.mark.slow
+def test_a_killed_learner_rank_is_started_again_by_run_slurm_and_resumes(tmp_path):
+    """kill -9 the learner rank under Slurm: ``--kill-on-bad-exit`` ends the step with an error, run_slurm.sh starts
+    the step again, and the new rank resumes from the newest checkpoint and reaches 195."""
+    import yaml
+
+    if not LOCAL_SLURM.exists() or os.geteuid() != 0:
+        pytest.skip(f"needs root and {LOCAL_SLURM} to start a local Slurm")
+    subprocess.run(["bash", str(LOCAL_SLURM)], check=True, timeout=600)
+    partition = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True).stdout.split()[0]
+    with open(RUN_SLURM.parent / "cartpole_dqn_dist.yaml", encoding="utf-8") as f:
+        cfg = yaml.safe_load(f)
+    cfg["evaluator"]["eval_freq"] = 4000  # not at 195 before the kill
+    cfg["system"]["learner"] = dict(cfg["system"].get("learner") or {}, checkpoint_interval_min=0.02)
+    config = tmp_path / "dqn.yaml"
+    config.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, RUN_DIR=str(run_dir), LEARNER_RESTARTS="2")
+    env["PYTHON"] = str(REPO_ROOT / ".venv" / "bin" / "python")
+    script = subprocess.Popen(
+        ["bash", str(RUN_SLURM), partition, str(config)], cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not list((run_dir / "ckpt").glob("iteration_*.pt")):
+            assert time.monotonic() < deadline and script.poll() is None, "no checkpoint before the kill"
+            time.sleep(0.2)
+        pids = subprocess.run(["pgrep", "-f", f"learner_start.*{run_dir}"], capture_output=True, text=True).stdout
+        assert pids.split(), "no learner process"
+        for pid in pids.split():
+            os.kill(int(pid), signal.SIGKILL)
+        _, stderr = script.communicate(timeout=600)
+    finally:
+        if script.poll() is None:
+            script.terminate()
+            script.wait(timeout=60)
+    assert script.returncode == 0, stderr[-3000:]
+    assert "starting the learner step again from its newest checkpoint (1 of 2)" in stderr
+    with open(run_dir / "eval.csv", newline="") as f:
+        assert float(list(csv.DictReader(f))[-1]["mean_reward"]) >= 195.0
+    assert "resumed from" in (run_dir / "logs" / "learner-0.log").read_text()

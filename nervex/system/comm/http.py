@@ -181,7 +181,10 @@ class Server:
         socket_map = self._socket_map
         if thread is not None and thread.is_alive():
             # Close sockets on the loop's own thread, so its select() never sees a descriptor closed under it.
-            server.trigger.pull_trigger(lambda: wasyncore.close_all(socket_map))
+            try:
+                server.trigger.pull_trigger(lambda: wasyncore.close_all(socket_map))
+            except OSError:  # the loop is ending on its own and has closed its trigger already
+                wasyncore.close_all(socket_map)
             thread.join(timeout_s)
             if thread.is_alive():
                 self.logger.warning("server '%s': serving thread did not end within %.1f s", self.name, timeout_s)

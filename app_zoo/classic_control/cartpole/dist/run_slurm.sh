@@ -5,7 +5,8 @@
 # a manager and its actors, default 1), ACTORS (actors per manager, default: system.manager.actors), COORD_HOST (the
 # coordinator's bind address; default 127.0.0.1, which is right only when every role runs on one node: on several
 # nodes give the coordinator node's cluster-network address), RUN_DIR (on a file system every node mounts; the SQLite
-# files must be on node-local disk, see docs/parallel.md).
+# files must be on node-local disk, see docs/parallel.md), LEARNER_RESTARTS (default 3: a learner step that fails, e.g.
+# a rank killed, is started again and resumes from its newest checkpoint, at most this many times).
 set -euo pipefail
 PARTITION="${1:?usage: run_slurm.sh PARTITION [CONFIG]}"
 cd "$(dirname "$0")/../../../.."
@@ -39,14 +40,25 @@ srun -p "$PARTITION" --job-name=nervex-manager -N"$NODES" --ntasks-per-node=1 \
   "$PY" -u -m nervex.system.manager_start "${ARGS[@]}" "${ACTOR_ARGS[@]}" >>"$RUN_DIR/logs/manager.stderr" 2>&1 &
 pids+=($!)
 # the learner ranks as one step: a rank that fails ends the step (the others would wait on it until the
-# process-group timeout); ranks come from SLURM_PROCID / SLURM_NTASKS, never SLURM_LOCALID
-srun -p "$PARTITION" --job-name=nervex-learner -n"$LEARNERS" --kill-on-bad-exit=1 \
-  "$PY" -u -m nervex.system.learner_start "${ARGS[@]}" >>"$RUN_DIR/logs/learner.stderr" 2>&1 &
-learner=$!
-pids+=($learner)
+# process-group timeout); ranks come from SLURM_PROCID / SLURM_NTASKS, never SLURM_LOCALID. A failed step is started
+# again: the new ranks resume from the newest valid checkpoint in $RUN_DIR/ckpt.
+LEARNER_RESTARTS="${LEARNER_RESTARTS:-3}"
 echo "run_slurm.sh: run directory $RUN_DIR (logs in $RUN_DIR/logs)" >&2
-status=0
-wait "$learner" || status=$?
-echo "run_slurm.sh: learner step exited with status $status" >&2
+attempt=0
+while :; do
+  srun -p "$PARTITION" --job-name=nervex-learner -n"$LEARNERS" --kill-on-bad-exit=1 \
+    "$PY" -u -m nervex.system.learner_start "${ARGS[@]}" >>"$RUN_DIR/logs/learner.stderr" 2>&1 &
+  learner=$!
+  pids+=($learner)
+  status=0
+  wait "$learner" || status=$?
+  echo "run_slurm.sh: learner step exited with status $status" >&2
+  if [ "$status" -eq 0 ] || [ "$attempt" -ge "$LEARNER_RESTARTS" ]; then
+    break
+  fi
+  attempt=$((attempt + 1))
+  echo "run_slurm.sh: starting the learner step again from its newest checkpoint ($attempt of $LEARNER_RESTARTS)" >&2
+  sleep 2
+done
 [ -f "$RUN_DIR/eval.csv" ] && tail -n 1 "$RUN_DIR/eval.csv" >&2
 exit "$status"
