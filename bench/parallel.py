@@ -318,7 +318,7 @@ def _probe_classes() -> Tuple[type, type]:
             before = self.snapshot
             super()._load_snapshot(name, policy_iter)
             if self.snapshot != before and self.record is not None:
-                row = {"name": self.snapshot, "loaded": time.time(), "load_s": self.snapshot_load_times[-1]}
+                row = {"name": self.snapshot, "loaded": time.time(), "load_s": self.last_snapshot_load_s}
                 self.record.write(json.dumps(row) + "\n")
                 self.record.flush()
 

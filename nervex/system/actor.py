@@ -1,6 +1,6 @@
 """The actor role: lease a collect task, act with the snapshot it names, store the samples, report them.
 
-One task, end to end (``ActorRole.run_task``):
+One task, end to end:
 
 1. ``/v1/task/lease`` (kind ``collect``) gives ``{unit, n, restart_envs, snapshot, policy_iter, env_step, ...}``.
 2. If ``snapshot`` differs from the loaded one, its file is read from the storage path (verified against its
@@ -12,7 +12,8 @@ One task, end to end (``ActorRole.run_task``):
    reports its name, the sample and env-step counts and the episodes that ended. A 429/507 is retried by the client
    (the data stays on disk); a result the coordinator drops (the lease ran out) has its file deleted by it.
 
-The heartbeat thread renews the current lease. An error while collecting is reported on ``/v1/task/fail`` (the
+Steps 1 and 5 run on an I/O thread, one round trip per task (``lease_next``), while the actor's thread collects the
+next task (``system.actor.prefetch``). The heartbeat thread renews every lease the actor holds. An error while collecting is reported on ``/v1/task/fail`` (the
 task is re-queued up to ``max_attempts``) and the env manager is rebuilt before the next task.
 """
 
@@ -132,8 +133,7 @@ class ActorRole:
         self._held: Dict[str, str] = {}  # lease id -> task id: leased and not yet reported (heartbeats renew them)
         self._lease_lock = threading.Lock()
         self.tasks_done = 0
-        self.snapshot_loads = 0
-        self.snapshot_load_times: List[float] = []
+        self.last_snapshot_load_s = 0.0
         self.phase_s: Dict[str, float] = dict.fromkeys(
             MAIN_PHASES + IO_PHASES, 0.0
         )  # seconds spent per phase of a task
@@ -214,14 +214,6 @@ class ActorRole:
         upcoming.result()
         if done is not None:  # stopped: the last collected task is still reported
             self._exchange(done, lease_next=False)
-
-    def run_task(self, task: Mapping[str, Any]) -> Optional[bool]:
-        """Collect one leased task and report it; returns whether the coordinator accepted the result (None: the
-        task failed here and was reported as failed)."""
-        with self._lease_lock:
-            self._held[task["lease_id"]] = task["task_id"]
-        gathered = self._gather_or_fail(task)
-        return None if gathered is None else bool(self._report(task, gathered).get("accepted"))
 
     # ---- the steps of a task -------------------------------------------------------------------------------------
     def _held_leases(self) -> List[str]:
@@ -351,8 +343,7 @@ class ActorRole:
         check_state_matches(state.get("model", {}), self.policy.state_dict()["model"], name)
         self.policy.collect_mode.load_state_dict(state)
         self.snapshot, self.snapshot_iter = name, int(policy_iter)
-        self.snapshot_loads += 1
-        self.snapshot_load_times.append(time.perf_counter() - start)
+        self.last_snapshot_load_s = time.perf_counter() - start
 
     def _report_failure(self, task_id: str, lease_id: str, reason: str) -> None:
         try:

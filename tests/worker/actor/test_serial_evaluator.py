@@ -7,38 +7,26 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
-import gymnasium as gym
-import numpy as np
-
-from nervex.envs import BaseEnv, BaseEnvInfo, BaseEnvTimestep
+from nervex.envs import BaseEnvTimestep
 from nervex.worker.actor import SerialEvaluator, eval_episodes_per_env
 from nervex.worker.actor.env_manager import SubprocessEnvManager
 
+from .envs import ClockEnv
 
-class FaultyClockEnv(BaseEnv):
-    """obs ``[env_tag, t]`` (float32), reward 1 per step, ``episode_len`` steps per episode.
+
+class FaultyClockEnv(ClockEnv):
+    """``ClockEnv`` (obs ``[env_tag, t]``, reward 1 per step) with 2-step episodes and one fault.
 
     On its ``fault_step``-th step since it was built, the first instance (across processes) to create the file
     ``marker`` fails: ``fault='exit'`` calls ``os._exit(3)``, ``fault='hang'`` sleeps a minute. Later instances, such
     as the one rebuilt after the failure, behave.
     """
 
-    config: Dict[str, Any] = dict(env_tag=0.0, episode_len=2, fault=None, fault_step=3, marker="")
+    config: Dict[str, Any] = dict(ClockEnv.config, episode_len=2, fault=None, fault_step=3, marker="")
 
     def __init__(self, cfg: Optional[Dict[str, Any]] = None) -> None:
-        super().__init__(dict(self.config, **(cfg or {})))
-        self._t = 0
+        super().__init__(cfg)
         self._steps = 0
-
-    def seed(self, seed: int) -> None:
-        pass
-
-    def reset(self) -> np.ndarray:
-        self._t = 0
-        return self._obs()
-
-    def _obs(self) -> np.ndarray:
-        return np.array([self._cfg["env_tag"], self._t], dtype=np.float32)
 
     def _claim_fault(self) -> bool:
         try:
@@ -48,23 +36,12 @@ class FaultyClockEnv(BaseEnv):
             return False
 
     def step(self, action: Any) -> BaseEnvTimestep:
-        self._t += 1
         self._steps += 1
         if self._cfg["fault"] and self._steps == self._cfg["fault_step"] and self._claim_fault():
             if self._cfg["fault"] == "exit":
                 os._exit(3)
             time.sleep(60.0)
-        done = self._t >= self._cfg["episode_len"]
-        info: Dict[str, Any] = {"terminated": done, "truncated": False}
-        if done:
-            info.update(episode_return=float(self._t), episode_len=self._t)
-        return BaseEnvTimestep(self._obs(), 1.0, done, info)
-
-    def info(self) -> BaseEnvInfo:
-        return BaseEnvInfo(1, gym.spaces.Box(-np.inf, np.inf, (2,), np.float32), gym.spaces.Discrete(2), None, None)
-
-    def close(self) -> None:
-        pass
+        return super().step(action)
 
 
 class ZeroEvalMode:
