@@ -10,14 +10,13 @@ starts them (``nervex.system.launch.Launch``: coordinator, league manager, a man
    deletes their files, with the rate limiter off (``samples_per_insert: null``), so the actors collect flat out. The
    figure is env steps the coordinator accepted (``/v1/status``) per second over a window after warm-up (past
    ``learning_starts``, so the actors act with the policy's forward, not at random). The serial figure is a
-   ``SerialActor`` in this process collecting tasks of the same size (``system.coordinator.n_sample``: 64) with the
+   ``SerialActor`` in this process collecting tasks of the same size (``system.coordinator.n_sample``: 256) with the
    same forward, envs and exploration, over a window of the same length. Two actor processes run; while a window
    needs fewer, the others are paused with SIGSTOP (a stopped process takes no CPU; SIGCONT resumes it), so the
    serial, 1-actor and 2-actor windows alternate within each round and a slow spell of the machine falls on all.
    Two coordinator settings: ``shipped`` (the config as it is) and ``pending 64`` (``max_pending_collect: 64``): the
-   coordinator creates collect tasks only in its background pass, every ``tick_s`` (0.2 s), at most
-   ``max_pending_collect`` (4) waiting, which caps collection at 4 x 64 / 0.2 = 1,280 env steps/s whatever the
-   actors; with 64 the cap is 20,480 and what is left is the cost of the transport itself.
+   coordinator tops up its queue of waiting collect tasks (at most ``max_pending_collect``, 4) in its background
+   pass and at lease time; with 64 waiting tasks, a queue that runs dry is ruled out as a cause.
 2. **Snapshot latency**: a real training run (stop_val out of reach, ``--probe-steps`` env steps) in which the learner
    and the actor are ``LearnerRole``/``ActorRole`` subclasses that only timestamp what they do: the learner when it
    starts to publish a snapshot (encode, storage put, ``/v1/learner/progress``), the actor when it has loaded one.
@@ -76,9 +75,8 @@ COLLECT_OVERRIDES = [
     "system.coordinator.lease_s=120",
     "max_env_step=1000000000",
 ]
-# the coordinator creates collect tasks only in its background pass (every tick_s = 0.2 s), at most
-# max_pending_collect (4) at a time: 4 x 64 / 0.2 = 1,280 env steps/s at most, whatever the actors. "pending 64"
-# lifts that ceiling to 20,480 to show what the transport itself costs.
+# at most max_pending_collect (4) collect tasks wait at a time (topped up in the background pass and at lease
+# time); "pending 64" rules out a queue that runs dry as a cause.
 VARIANTS = {"shipped": [], "pending 64": ["system.coordinator.max_pending_collect=64"]}
 WARMUP_STEPS = {"cartpole": 3000, "burn 1 ms": 1000}
 SERIAL_PROGRESS_STEP = 10_000  # env step the serial actor's exploration setting is taken at (eps at its floor)

@@ -13,8 +13,11 @@ One task, end to end:
    (the data stays on disk); a result the coordinator drops (the lease ran out) has its file deleted by it.
 
 Steps 1 and 5 run on an I/O thread, one round trip per task (``lease_next``), while the actor's thread collects the
-next task (``system.actor.prefetch``). The heartbeat thread renews every lease the actor holds. An error while collecting is reported on ``/v1/task/fail`` (the
-task is re-queued up to ``max_attempts``) and the env manager is rebuilt before the next task.
+next task (``system.actor.prefetch``). The I/O thread encodes the samples; writing them and the HTTP round trip are
+made by the actor's I/O process (``nervex.system.actor_io``, ``system.actor.io_process``), so that their Python work
+does not take the GIL from collection. The heartbeat thread renews every lease the actor holds. An error while
+collecting is reported on ``/v1/task/fail`` (the task is re-queued up to ``max_attempts``) and the env manager is
+rebuilt before the next task.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import torch
 
 from nervex.policy import set_seed
 from nervex.policy.contract import CollectSpec
+from nervex.system.actor_io import ActorIO, fork_available
+from nervex.system.comm.auth import load_or_create_token
 from nervex.system.comm.codec import decode_state_dict, flatten_arrays
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
@@ -47,8 +52,9 @@ from nervex.system.worker import WorkerExit, WorkerLink
 MAX_IDLE_WAIT_S = 0.5
 MAIN_PHASES = ("collect", "snapshot", "wait", "idle")
 """Where the actor's own thread spends its time: collecting, loading snapshots, waiting for the I/O thread, idle."""
-IO_PHASES = ("lease", "store", "complete")
-"""The I/O thread's work per task: the lease round trip, encoding and writing the samples, the report round trip."""
+IO_PHASES = ("lease", "encode", "store", "complete")
+"""The I/O thread's work per task: the lease round trip, encoding the samples, writing them, the report round trip
+(writing and the round trips are the I/O process's, with ``system.actor.io_process``)."""
 
 
 def check_state_matches(state: Mapping[str, Any], own: Mapping[str, Any], name: str) -> None:
@@ -113,11 +119,20 @@ class ActorRole:
         self.storage = Storage(
             storage_root(self.cfg, run_dir), min_free_bytes=self.cfg.system.coordinator.min_free_bytes
         )
+        token = token if token is not None else load_or_create_token(run_dir)
         self.link = WorkerLink(
             self.cfg, run_dir, "actor", worker_id, url=url, token=token, logger=self.logger, info={"index": index}
         )
+        self.io: Optional[ActorIO] = None
+        if self.settings.io_process and fork_available():  # forked before any env process or thread exists
+            info = {"index": index}
+            self.io = ActorIO(self.cfg, run_dir, worker_id, url, token, self.storage, info, self.logger)
         self._make_env = lambda: make_env_managers(self.cfg, self.seed, evaluator=False)
-        collector_env, _, env_info = self._make_env()
+        try:
+            collector_env, _, env_info = self._make_env()
+        except BaseException:
+            self._close_io()
+            raise
         try:
             self.policy = make_policy(self.cfg, env_info, enable_field=["collect", "command"])
             self.contract = type(self.policy).contract(self.policy.cfg)
@@ -125,6 +140,7 @@ class ActorRole:
             self.actor = make_actor(self.cfg, collector_env, self.policy, self.seed, callbacks=self)
         except BaseException:
             collector_env.close()
+            self._close_io()
             raise
         self._make_actor = lambda env: make_actor(self.cfg, env, self.policy, self.seed, callbacks=self)
         self._learning_starts = learning_starts(self.cfg)
@@ -171,6 +187,7 @@ class ActorRole:
             io.shutdown(wait=True, cancel_futures=True)
             if clean:
                 self._release_unstarted()
+            self._close_io()
             self.link.close()
         main = sum(self.phase_s[k] for k in MAIN_PHASES) or 1.0
         shares = ", ".join(f"{k} {100 * self.phase_s[k] / main:.0f}%" for k in MAIN_PHASES)
@@ -245,9 +262,7 @@ class ActorRole:
             until it is reported.
         """
         if done is None:
-            start = time.perf_counter()
-            answer = self.link.call_registered(TASK_LEASE_PATH, {"kind": "collect", "ahead": ahead})
-            self._timed("lease", start)
+            answer = self._call(TASK_LEASE_PATH, {"kind": "collect", "ahead": ahead}, phase="lease")
         else:
             task, gathered = done
             answer = self._report(task, gathered, lease_next, ahead).get("next", {"task": None, "stop": False})
@@ -268,10 +283,9 @@ class ActorRole:
             body.update(lease_next="collect", ahead=ahead)
         try:
             start = time.perf_counter()
-            body["result"] = self._store(task_id, gathered)
-            start = self._timed("store", start)
-            answer = self.link.call_registered(TASK_COMPLETE_PATH, body)
-            self._timed("complete", start)
+            body["result"], data = self._result(task_id, gathered)
+            self._timed("encode", start)
+            answer = self._call(TASK_COMPLETE_PATH, body, data, phase="complete")
         finally:
             with self._lease_lock:
                 self._held.pop(lease_id, None)
@@ -313,19 +327,40 @@ class ActorRole:
             "info": {k: float(v) for k, v in self.actor.stats().items() if k.startswith("env/")},
         }
 
-    def _store(self, task_id: str, gathered: Mapping[str, Any]) -> Dict[str, Any]:
-        """(I/O thread) The samples as one safetensors file on the storage path; the result to report."""
+    def _call(self, path: str, body: Dict[str, Any], data: bytes = b"", phase: str = "complete") -> Dict[str, Any]:
+        """(I/O thread) Store ``data`` as a samples file (its name goes to ``body['result']['data']``), then POST
+        ``body`` to ``path``: through the I/O process if there is one, else here."""
+        if self.io is not None:
+            reply = self.io.call(path, body, data, self._stop_requested)
+            self.phase_s["store"] += reply["store_s"]
+            self.phase_s[phase] += reply["call_s"]
+            if reply["stopping"]:
+                self.link.stopping.set()
+            return reply["answer"]
+        start = time.perf_counter()
+        if data:
+            body["result"]["data"] = self.storage.put(data, "samples")
+            start = self._timed("store", start)
+        answer = self.link.call_registered(path, body)
+        self._timed(phase, start)
+        return answer
+
+    def _stop_requested(self) -> bool:
+        return self.link.stopping.is_set() or self.link.stop_requested()
+
+    def _result(self, task_id: str, gathered: Mapping[str, Any]) -> Tuple[Dict[str, Any], bytes]:
+        """(I/O thread) The result to report (its ``data`` is filled in once stored) and the samples file's bytes."""
         samples = gathered["samples"]
         meta = {"nervex.task_id": task_id, "nervex.policy_iter": str(gathered["policy_iter"])}
-        name = self.storage.put(encode_samples(samples, meta), "samples")
+        data = encode_samples(samples, meta)
         return {
-            "data": name,
+            "data": None,
             "n_samples": len(samples),
             "env_steps": gathered["env_steps"],
             "episodes": gathered["episodes"],
             "policy_iter": gathered["policy_iter"],
             "info": gathered["info"],
-        }
+        }, data
 
     def _release_unstarted(self) -> None:
         """Give back the leases still held when the loop ends (a prefetched task): re-queued now, not at expiry."""
@@ -363,7 +398,13 @@ class ActorRole:
         collector_env, _, _ = self._make_env()
         self.actor = self._make_actor(collector_env)
 
+    def _close_io(self) -> None:
+        if self.io is not None:
+            self.io.close()
+            self.io = None
+
     def close(self) -> None:
+        self._close_io()
         self.link.close()
         self.actor.close()
 

@@ -7,7 +7,7 @@ right after each backward pass, so every rank takes the same optimizer step and 
     info = dist_info_from_env()                  # torchrun's variables, else Slurm's, else a single process
     init_process_group(info, device, timeout_s=60.0)
     broadcast_policy(policy)                     # every rank starts from rank 0's weights, targets, optimizer
-    handle = attach_gradient_allreduce([policy.model], info.world_size)
+    handle = attach_gradient_allreduce([policy.model], info.world_size, optimized_tensors(policy))
     ...  # each rank: policy.learn_mode.forward(its rows of the batch)
     handle.remove()
     destroy_process_group()
@@ -590,7 +590,23 @@ class GradientAllReduce:
         self._handles.clear()
 
 
-def attach_gradient_allreduce(modules: Iterable[torch.nn.Module], world_size: int) -> GradientAllReduce:
+def optimized_tensors(policy: Any) -> List[torch.Tensor]:
+    """Every tensor the policy's optimizers train, in their order (``policy.learn_mode.optimizers()``): the model's
+    parameters and any outside it, such as SAC's temperature ``log_alpha``."""
+    tensors: List[torch.Tensor] = []
+    seen: set = set()
+    for optimizer in policy.learn_mode.optimizers().values():
+        for group in optimizer.param_groups:
+            for tensor in group["params"]:
+                if id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    tensors.append(tensor)
+    return tensors
+
+
+def attach_gradient_allreduce(
+    modules: Iterable[torch.nn.Module], world_size: int, tensors: Iterable[torch.Tensor] = ()
+) -> GradientAllReduce:
     """Average every trainable parameter's gradient across the ranks right after each backward pass.
 
     Attach it to the modules the policy's optimizers train (``[policy.model]``), after ``broadcast_policy``; the
@@ -602,6 +618,9 @@ def attach_gradient_allreduce(modules: Iterable[torch.nn.Module], world_size: in
     Args:
         modules: The modules whose trainable parameters (``requires_grad``) to average; shared ones count once.
         world_size: The group's size (``DistInfo.world_size``), checked against the initialized group.
+        tensors: Further leaf tensors to average that are no module's parameter (``optimized_tensors(policy)``
+            gives every tensor the policy's optimizers train: SAC's ``log_alpha`` is one); those of ``modules`` and
+            those that need no gradient are skipped.
 
     Returns:
         The handle; ``handle.remove()`` stops averaging.
@@ -612,6 +631,13 @@ def attach_gradient_allreduce(modules: Iterable[torch.nn.Module], world_size: in
             layout.
     """
     params = [t for _, t in _module_tensors(modules) if isinstance(t, torch.nn.Parameter) and t.requires_grad]
+    seen = {id(p) for p in params}
+    for tensor in tensors:
+        if tensor.requires_grad and id(tensor) not in seen:
+            if not tensor.is_leaf:
+                raise ValueError("attach_gradient_allreduce: a tensor to average must be a leaf (an optimizer's)")
+            seen.add(id(tensor))
+            params.append(tensor)
     if not params:
         raise ValueError("attach_gradient_allreduce: none of the modules' parameters requires a gradient")
     if world_size > 1 and _group_size() == 1:
@@ -657,6 +683,7 @@ __all__ = [
     "expand_hostlist",
     "first_host",
     "init_process_group",
+    "optimized_tensors",
 ]
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from nervex.policy import set_seed
-from nervex.system.comm.codec import encode_state_dict
+from nervex.system.comm.codec import encode_state_dict, flatten_arrays
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
 from nervex.system.protocol import (
@@ -53,6 +53,17 @@ PROGRESS_INTERVAL_S = 0.05
 """Progress (the rate limiter's input) is reported at most this often, and whenever a snapshot is published."""
 TRAIN_CHUNK = 64
 """Gradient steps between two polls when much training is owed (keeps snapshots and progress flowing)."""
+
+
+def sample_layout(sample: Mapping[str, Any]) -> Tuple[Tuple[str, str], ...]:
+    """``(leaf, 'shape dtype')`` for each leaf of a sample, sorted: what every sample of a rollout must share."""
+    layout = []
+    for name, value in flatten_arrays(sample).items():
+        if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+            layout.append((name, f"{tuple(value.shape)} {value.dtype}"))
+        else:
+            layout.append((name, type(value).__name__))
+    return tuple(sorted(layout))
 
 
 class LearnerRole:
@@ -136,6 +147,7 @@ class LearnerRole:
         learn = self.contract.learn
         self._ratio = float(learn.update_per_collect) / max(1, int(self.contract.collect.n))
         self._credit = 0.0
+        self._rollout_layout: Optional[Tuple[Tuple[str, str], ...]] = None  # (on-policy) what was trained on
         self.env_step = 0
         self.seq = 0
         self.counters: Dict[str, int] = {"results": 0, "dropped_stale": 0, "missing": 0, "bad_data": 0}
@@ -180,10 +192,9 @@ class LearnerRole:
         distributed.broadcast_policy(self.policy, src=0)
         counters = distributed.broadcast_json({"seq": self.seq, "env_step": self.env_step, "credit": self._credit})
         self.seq, self.env_step, self._credit = int(counters["seq"]), int(counters["env_step"]), counters["credit"]
-        self._grad_hooks = distributed.attach_gradient_allreduce(self._learn_modules(), self.world_size)
-
-    def _learn_modules(self) -> List[torch.nn.Module]:
-        return [self.policy._model]
+        self._grad_hooks = distributed.attach_gradient_allreduce(
+            [self.policy._model], self.world_size, distributed.optimized_tensors(self.policy)
+        )
 
     def _resume(self) -> Optional[str]:
         """Load the newest valid checkpoint (rank 0); returns its path, None for a fresh start."""
@@ -309,13 +320,14 @@ class LearnerRole:
             for episode in result.get("episodes", []):
                 self.episode_returns.append(float(episode["return"]))
                 self.episode_lens.append(int(episode["length"]))
-            if samples is None or not (self.contract.on_policy or self._stored(samples, item.get("task_id", "?"))):
+            if samples is None:
+                continue
+            task_id = item.get("task_id", "?")
+            if not (self._trained(samples, task_id) if self.contract.on_policy else self._stored(samples, task_id)):
                 continue
             count += 1
             self.counters["results"] += 1
-            if self.contract.on_policy:
-                self._train_rollout(samples)
-            else:
+            if not self.contract.on_policy:
                 starts = int(self.contract.learn.learning_starts)
                 counted = min(env_steps, max(0, self.env_step - starts))
                 self._credit += counted * self._ratio
@@ -330,6 +342,39 @@ class LearnerRole:
             self.counters["bad_data"] += 1
             self.logger.warning("skipped the data of %s: %s", task_id, error)
             return False
+        return True
+
+    def _trained(self, samples: List[Dict[str, Any]], task_id: str) -> bool:
+        """(On-policy) Train on a rollout; False (counted, logged) for one whose fields, shapes or dtypes differ
+        between its samples or from the rollouts trained on before, or, before any rollout was, one the policy cannot
+        train on (a single learner: the error of its first minibatch, before any optimizer step). Like ``_stored``:
+        a well-formed file of other samples must not stop the learner."""
+        layout = sample_layout(samples[0])
+        odd = next((i for i, sample in enumerate(samples) if sample_layout(sample) != layout), None)
+        problem = None
+        if odd is not None:
+            problem = f"sample {odd}'s fields, shapes or dtypes differ from sample 0's"
+        elif self._rollout_layout is not None and layout != self._rollout_layout:
+            theirs, ours = dict(layout), dict(self._rollout_layout)
+            field = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))[0]
+            problem = (
+                f"field {field!r} is {theirs.get(field, 'missing')}, "
+                f"the rollouts trained on have {ours.get(field, 'none')}"
+            )
+        if problem is None and self._rollout_layout is None and self.world_size == 1:
+            try:
+                self._train_rollout(samples)
+            except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+                problem = f"the policy cannot train on it: {type(error).__name__}: {error}"
+            else:
+                self._rollout_layout = layout
+                return True
+        if problem is not None:
+            self.counters["bad_data"] += 1
+            self.logger.warning("skipped the data of %s: %s", task_id, problem)
+            return False
+        self._train_rollout(samples)
+        self._rollout_layout = layout
         return True
 
     def _read(self, result: Mapping[str, Any], task_id: str) -> Optional[List[Dict[str, Any]]]:

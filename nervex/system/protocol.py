@@ -102,6 +102,7 @@ ACTOR_CONFIG: Dict[str, Any] = dict(
     idle_wait_s=Field(0.02, gt=0),  # first wait when no collect task is available (doubles up to 0.5 s)
     seed_stride=Field(1000, ge=1),  # actor i seeds its envs from seed + (i + 1) * seed_stride
     prefetch=Field(True),  # lease the next task and report the last one in a background thread while collecting
+    io_process=Field(True),  # write samples and make the round trips in a forked process, off collection's GIL
 )
 
 MANAGER_CONFIG: Dict[str, Any] = dict(

@@ -78,11 +78,13 @@ def _stack(name: str, values: List[Any], kind: str) -> np.ndarray:
     if any(k != kind for k in kind_of.values()):
         index = next(i for i, v in enumerate(values) if kind_of[type(v)] != kind)
         raise ValueError(f"sample {index}: {name!r} is a {leaf_kind(values[index])}, sample 0's a {kind}")
-    if kind == "tensor":
-        values = [v.detach().cpu().numpy() for v in values]
     try:
-        return np.stack([np.asarray(v) for v in values])
-    except ValueError as e:
+        if kind == "tensor":
+            return torch.stack([v.detach() for v in values]).cpu().numpy()
+        if kind == "ndarray":
+            return np.stack(values)
+        return np.array(values)  # Python or NumPy scalars: one C loop over the list
+    except (ValueError, RuntimeError) as e:  # (torch.stack raises RuntimeError on a shape mismatch)
         shapes = sorted({np.shape(v) for v in values})
         raise ValueError(f"{name!r} has different shapes across samples: {shapes}") from e
 
@@ -115,7 +117,8 @@ def decode_samples(data: bytes, max_bytes: int = MAX_BYTES) -> Tuple[List[Dict[s
             f"{n} samples cannot be held by {stored} bytes of arrays (every sample has at least one byte)",
             field=f"__metadata__.{SAMPLES_KEY}.n",
         )
-    flat = [{name: _unstack(arrays[name][i], kind) for name, kind in kinds.items()} for i in range(n)]
+    columns = {name: _unstack(arrays[name], kind) for name, kind in kinds.items()}
+    flat = [dict(zip(columns, row)) for row in zip(*columns.values())]
     rest = {k: v for k, v in metadata.items() if k != SAMPLES_KEY}
     return [unflatten_arrays(sample) for sample in flat], rest
 
@@ -153,11 +156,13 @@ def _check_leaf(name: str, array: np.ndarray, kind: str, n: int) -> None:
         raise ProtocolError(400, f"{name}: non-finite value {array[index]} in sample {index[0]}", field=name)
 
 
-def _unstack(row: Any, kind: str) -> Any:
+def _unstack(column: np.ndarray, kind: str) -> List[Any]:
+    """One leaf's ``N`` values, of its recorded kind (arrays are rows of one fresh, writable copy)."""
     if kind == "ndarray":
-        return np.array(row)
+        return list(np.array(column))
     if kind == "tensor":
-        return torch.from_numpy(np.array(row))
+        return list(torch.from_numpy(np.array(column)))
     if kind == "numpy":
-        return row[()] if isinstance(row, np.ndarray) else row
-    return {"bool": bool, "int": int, "float": float}[kind](row)
+        return list(column)  # iterating a 1-D array gives NumPy scalars
+    cast = {"bool": bool, "int": int, "float": float}[kind]
+    return [cast(value) for value in column.tolist()]

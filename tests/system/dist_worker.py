@@ -7,6 +7,8 @@ or torch file ``--out`` names, so the test reads it whatever the process's exit.
 Scenarios:
     train: ``--steps`` DQN learn steps on this rank's share of a fixed batch of CartPole transitions; saves the
         policy's state, the per-step losses and their mean over the ranks.
+    train_sac: the same with SAC on Pendulum transitions: its temperature ``log_alpha`` lives outside the model and
+        must be averaged too (``optimized_tensors``), or the ranks drift apart.
     broadcast: rank 0 steps once, rank 1 twice, each on its own data (different weights, targets, optimizer
         moments and counts), then ``broadcast_policy``; saves the states before and after. A first
         ``broadcast_policy``, while only rank 0 has stepped, must fail on both ranks (the layouts differ).
@@ -45,9 +47,11 @@ from nervex.system.distributed import (  # noqa: E402
     destroy_process_group,
     dist_info_from_env,
     init_process_group,
+    optimized_tensors,
 )
 
 CARTPOLE_DQN = REPO_ROOT / "app_zoo" / "classic_control" / "cartpole" / "config" / "cartpole_dqn.yaml"
+PENDULUM_SAC = REPO_ROOT / "app_zoo" / "classic_control" / "pendulum" / "config" / "pendulum_sac.yaml"
 BATCH = 64
 TARGET_UPDATE_FREQ = 2  # a target copy within the test's 3 steps
 GRAD_CLIP = 1.0  # clipping acts on the averaged gradient: part of what is compared
@@ -95,6 +99,42 @@ def cartpole_batch(n: int, seed: int) -> Dict[str, torch.Tensor]:
     return batch
 
 
+def make_sac_policy(seed: int) -> Any:
+    """The SAC policy of ``pendulum_sac.yaml`` (learn mode, automatic temperature), seeded."""
+    from nervex.config import compile_config, read_config
+    from nervex.entry.builder import make_env_managers, make_policy
+    from nervex.policy.base_policy import set_seed
+
+    cfg = compile_config(read_config(PENDULUM_SAC))
+    _, _, env_info = make_env_managers(cfg, seed, evaluator=False, collector=False)
+    set_seed(seed)
+    return make_policy(cfg, env_info, enable_field=["learn"])
+
+
+def pendulum_batch(n: int, seed: int) -> Dict[str, torch.Tensor]:
+    """``n`` real Pendulum-v1 transitions under random actions."""
+    import gymnasium as gym
+
+    env = gym.make("Pendulum-v1")
+    env.action_space.seed(seed)
+    obs, _ = env.reset(seed=seed)
+    rows: Dict[str, List[Any]] = {k: [] for k in ("obs", "next_obs", "action", "reward", "terminated")}
+    for _ in range(n):
+        action = env.action_space.sample()
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        for key, value in zip(rows, (obs, next_obs, action, reward, terminated)):
+            rows[key].append(value)
+        obs = env.reset()[0] if terminated or truncated else next_obs
+    env.close()
+    return {
+        "obs": torch.as_tensor(np.stack(rows["obs"]), dtype=torch.float32),
+        "next_obs": torch.as_tensor(np.stack(rows["next_obs"]), dtype=torch.float32),
+        "action": torch.as_tensor(np.stack(rows["action"]), dtype=torch.float32),
+        "reward": torch.as_tensor(rows["reward"], dtype=torch.float32),
+        "terminated": torch.as_tensor(rows["terminated"], dtype=torch.bool),
+    }
+
+
 def rank_share(batch: Dict[str, torch.Tensor], info: DistInfo) -> Dict[str, torch.Tensor]:
     """This rank's contiguous share of the rows (the whole batch for a single process)."""
     size = BATCH // info.world_size
@@ -115,6 +155,19 @@ def run_train(info: DistInfo, args: argparse.Namespace) -> None:
     reductions = handle.reductions
     handle.remove()
     torch.save(dict(state=policy.state_dict(), losses=losses, mean_losses=mean_losses, reductions=reductions), args.out)
+
+
+def run_train_sac(info: DistInfo, args: argparse.Namespace) -> None:
+    policy = make_sac_policy(seed=args.seed + 1000 * info.rank)
+    broadcast_policy(policy)
+    start = policy.state_dict()["learn"]["log_alpha"].clone()
+    handle = attach_gradient_allreduce([policy.model], info.world_size, optimized_tensors(policy))
+    share = rank_share(pendulum_batch(BATCH, args.seed), info)
+    for _ in range(args.steps):
+        policy.learn_mode.forward(dict(share))
+    reductions = handle.reductions
+    handle.remove()
+    torch.save(dict(state=policy.state_dict(), start_log_alpha=start, reductions=reductions), args.out)
 
 
 def run_broadcast(info: DistInfo, args: argparse.Namespace) -> None:
@@ -190,7 +243,7 @@ def run_fail(info: DistInfo, args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=("train", "broadcast", "hooks", "fail", "alone"))
+    parser.add_argument("scenario", choices=("train", "train_sac", "broadcast", "hooks", "fail", "alone"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -209,7 +262,9 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(result))
         return
     try:
-        dict(train=run_train, broadcast=run_broadcast, hooks=run_hooks, fail=run_fail)[args.scenario](info, args)
+        dict(train=run_train, train_sac=run_train_sac, broadcast=run_broadcast, hooks=run_hooks, fail=run_fail)[
+            args.scenario
+        ](info, args)
     finally:
         destroy_process_group()
 

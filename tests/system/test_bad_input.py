@@ -565,6 +565,68 @@ def test_an_actor_handed_a_forged_snapshot_fails_the_task_and_keeps_its_weights(
     assert all(torch.equal(before[k], after[k]) for k in before), "the forged snapshot changed the actor's weights"
 
 
+def test_an_on_policy_learner_skips_rollouts_it_cannot_train_on_and_keeps_training(tmp_path, run_dir, caplog):
+    """PPO trains on each rollout as it comes (no replay buffer to check the fields): a well-formed file of other
+    samples (a DQN transition's fields, or the right fields with another observation shape) is counted and skipped,
+    before and after the first real rollout, and the real ones are trained on."""
+    from nervex.entry.builder import make_actor, make_env_managers, make_policy
+    from nervex.system.learner import LearnerRole
+    from nervex.system.protocol import collect_spec, compile_parallel_config
+
+    raw = read_config(REPO_ROOT / "app_zoo" / "classic_control" / "cartpole" / "config" / "cartpole_ppo.yaml")
+    raw.env.collector_env_num = 1
+    raw.env.evaluator_env_num = 1
+    raw.system = {"coordinator": {"tick_s": 3600.0, "min_free_bytes": 0}}
+    cfg = compile_parallel_config(raw)
+    env, _, env_info = make_env_managers(cfg, 0, evaluator=False)
+    policy = make_policy(cfg, env_info, enable_field=["collect", "command"])
+    actor = make_actor(cfg, env, policy, 0)
+    try:
+        setting = policy.command_mode.get_setting_collect(dict(env_step=0, train_iter=0, learner_step=0))
+        rollouts = [actor.collect(collect_spec(cfg), setting) for _ in range(2)]
+    finally:
+        actor.close()
+    wide = [{**sample, "obs": np.zeros(5, np.float32)} for sample in rollouts[0]]
+    files = [
+        ("DQN transitions", encode_samples([_sample(i) for i in range(N)]), "policy cannot train"),
+        ("rollout 1", encode_samples(rollouts[0]), None),
+        ("another obs shape", encode_samples(wide), "field 'obs'"),
+        ("rollout 2", encode_samples(rollouts[1]), None),
+    ]
+    coord = Coordinator(raw, str(run_dir), token=TOKEN, logger=logging.getLogger("test_bad_input.coordinator"))
+    coord.start()
+    learner = None
+    try:
+        storage = Storage(storage_root(coord.cfg, coord.run_dir), min_free_bytes=0)
+        with Client(coord.url, TOKEN, deadline_s=10.0) as client:
+            for case, data, _ in files:
+                task = _leased(coord, client)
+                n = N if case == "DQN transitions" else len(rollouts[0])
+                result = dict(data=storage.put(data, "samples"), n_samples=n, env_steps=n, episodes=[], policy_iter=0)
+                body = dict(worker_id="actor0", task_id=task["task_id"], lease_id=task["lease_id"], result=result)
+                assert client.post(TASK_COMPLETE_PATH, body) == {"accepted": True}, case
+        learner = LearnerRole(
+            raw,
+            str(run_dir),
+            "learner0",
+            url=coord.url,
+            token=TOKEN,
+            logger=logging.getLogger("test_bad_input.learner"),
+        )
+        with caplog.at_level(logging.WARNING, logger="test_bad_input.learner"):
+            while learner.seq < len(files):
+                learner.step()
+        assert learner.counters == {"results": 2, "dropped_stale": 0, "missing": 0, "bad_data": 2}
+        assert learner.train_iter > 0
+        warnings = [r.getMessage() for r in caplog.records if "skipped the data" in r.getMessage()]
+        for (case, _, named), warning in zip([f for f in files if f[2]], warnings):
+            assert named in warning, (case, warning)
+    finally:
+        if learner is not None:
+            learner.close()
+        coord.stop()
+
+
 # --------------------------------------------------------------------------- stale token, secrets in logs
 
 

@@ -301,6 +301,20 @@ def test_two_gloo_learners_match_one_learner_with_the_doubled_batch(tmp_path: Pa
     assert rank0["mean_losses"] == pytest.approx(single["losses"], abs=1e-6)
 
 
+def test_two_gloo_sac_learners_stay_equal_temperature_included(tmp_path: Path) -> None:
+    """SAC's temperature ``log_alpha`` is trained by its own optimizer outside the model: averaged like the model's
+    parameters, every rank takes the same temperature step on different rows (without it, the ranks drift apart)."""
+    runs = [(r, 2, ["train_sac", "--out", str(tmp_path / f"rank{r}.pt"), "--steps", "3"]) for r in (0, 1)]
+    with workers(runs, free_port()) as procs:
+        deadline = time.monotonic() + DEADLINE_S
+        for proc in procs:
+            finish(proc, deadline)
+    rank0, rank1 = (load(tmp_path / name) for name in ("rank0.pt", "rank1.pt"))
+    assert rank0["reductions"] == rank1["reductions"] >= 3
+    assert_same_state(rank1["state"], rank0["state"], atol=0.0)
+    assert not torch.equal(rank0["state"]["learn"]["log_alpha"], rank0["start_log_alpha"])  # it did train
+
+
 def test_broadcast_policy_gives_every_rank_rank0s_whole_state(tmp_path: Path) -> None:
     port = free_port()
     runs = [(r, 2, ["broadcast", "--out", str(tmp_path / f"rank{r}.pt")]) for r in (0, 1)]
