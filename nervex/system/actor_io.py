@@ -13,7 +13,8 @@ again, with the same status, field and code, in the actor.
 
 Lifetime: the process is forked while the actor has no other threads and no env processes (so it holds none of
 their pipes), ignores SIGINT and SIGTERM (the actor decides when to stop: it sets the shared stop event, which ends
-the retries of a call in flight, and closes its end of the pipe), and dies with the actor (``PR_SET_PDEATHSIG`` on
+the retries of a call in flight, then the ``closing`` event, which ends the process: env processes forked later hold
+the pipe's ends too, so end of file alone may never come), and dies with the actor (``PR_SET_PDEATHSIG`` on
 Linux; a closed pipe elsewhere). Heartbeats, failure reports and giving back leases stay on the actor's own link, so
 a frozen actor (SIGSTOP, a hung step) stops renewing its leases even though this process is still alive.
 """
@@ -78,9 +79,23 @@ class ActorIO:
         ctx = multiprocessing.get_context("fork")
         self._conn, child_end = ctx.Pipe(duplex=True)
         self._stop = ctx.Event()
+        self._closing = ctx.Event()  # (env processes forked later hold the pipe too: EOF alone may never come)
         self._lock = threading.Lock()
         self.logger = logger
-        args = (child_end, self._conn, self._stop, cfg, run_dir, worker_id, url, token, storage, info, logger)
+        args = (
+            child_end,
+            self._conn,
+            self._stop,
+            self._closing,
+            cfg,
+            run_dir,
+            worker_id,
+            url,
+            token,
+            storage,
+            info,
+            logger,
+        )
         self._process = ctx.Process(target=_serve, args=args, name=f"{worker_id}-io", daemon=True)
         self._process.start()
         child_end.close()
@@ -130,6 +145,7 @@ class ActorIO:
     def close(self) -> None:
         """Stop the I/O process (a call in flight gives up its retries) and wait for it; idempotent."""
         self._stop.set()
+        self._closing.set()
         self._conn.close()
         self._process.join(timeout=CLOSE_WAIT_S)
         if self._process.is_alive():
@@ -154,6 +170,7 @@ def _serve(
     conn: Any,
     parent_end: Any,
     stop: Any,
+    closing: Any,
     cfg: Mapping[str, Any],
     run_dir: str,
     worker_id: str,
@@ -163,7 +180,7 @@ def _serve(
     info: Dict[str, Any],
     logger: logging.Logger,
 ) -> None:
-    """(I/O process) Answer the actor's requests until it closes its end of the pipe."""
+    """(I/O process) Answer the actor's requests until it closes (``closing``, or its end of the pipe)."""
     parent_pid = os.getppid()
     _die_with(parent_pid)
     parent_end.close()
@@ -175,6 +192,9 @@ def _serve(
     try:
         while True:
             try:
+                while not conn.poll(POLL_S):
+                    if closing.is_set():
+                        return
                 header, data = conn.recv_bytes(), conn.recv_bytes()
             except (EOFError, OSError):
                 return

@@ -219,3 +219,21 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie (reaped by init later) is dead
     except FileNotFoundError:
         return False
+
+
+def test_close_ends_the_io_process_even_while_a_later_fork_holds_the_pipe(coord):
+    """Env processes forked after the I/O process (the subprocess env manager forks) inherit the actor's end of the
+    pipe, so the I/O process never sees end of file: ``close`` must still end it promptly, not kill it after 5 s."""
+    import multiprocessing
+
+    io = _io(coord)
+    holder = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,), daemon=True)
+    holder.start()
+    try:
+        start = time.monotonic()
+        io.close()
+        assert time.monotonic() - start < 2.0
+        assert io._process.exitcode == 0  # it returned; a kill would be -9
+    finally:
+        holder.kill()
+        holder.join()

@@ -41,7 +41,8 @@ def test_run_slurm_reaches_195_under_a_real_slurm(tmp_path):
 @pytest.mark.slow
 def test_a_killed_learner_rank_is_started_again_by_run_slurm_and_resumes(tmp_path):
     """kill -9 the learner rank under Slurm: ``--kill-on-bad-exit`` ends the step with an error, run_slurm.sh starts
-    the step again, and the new rank resumes from the newest checkpoint and reaches 195."""
+    the step again, and the new rank resumes from the newest checkpoint and reaches 195. The league manager is killed
+    too, and started again the same way."""
     import yaml
 
     if not LOCAL_SLURM.exists() or os.geteuid() != 0:
@@ -65,10 +66,11 @@ def test_a_killed_learner_rank_is_started_again_by_run_slurm_and_resumes(tmp_pat
         while not list((run_dir / "ckpt").glob("iteration_*.pt")):
             assert time.monotonic() < deadline and script.poll() is None, "no checkpoint before the kill"
             time.sleep(0.2)
-        pids = subprocess.run(["pgrep", "-f", f"learner_start.*{run_dir}"], capture_output=True, text=True).stdout
-        assert pids.split(), "no learner process"
-        for pid in pids.split():
-            os.kill(int(pid), signal.SIGKILL)
+        for role in ("league_manager", "learner"):
+            pids = subprocess.run(["pgrep", "-f", f"{role}_start.*{run_dir}"], capture_output=True, text=True).stdout
+            assert pids.split(), f"no {role} process"
+            for pid in pids.split():
+                os.kill(int(pid), signal.SIGKILL)
         _, stderr = script.communicate(timeout=600)
     finally:
         if script.poll() is None:
@@ -76,6 +78,9 @@ def test_a_killed_learner_rank_is_started_again_by_run_slurm_and_resumes(tmp_pat
             script.wait(timeout=60)
     assert script.returncode == 0, stderr[-3000:]
     assert "starting the learner step again from its newest checkpoint (1 of 2)" in stderr
+    assert "starting the league manager step again (1 of 3)" in stderr
+    league_log = (run_dir / "logs" / "league_manager.log").read_text()
+    assert league_log.count("registered league_manager") == 2, league_log[-2000:]
     with open(run_dir / "eval.csv", newline="") as f:
         assert float(list(csv.DictReader(f))[-1]["mean_reward"]) >= 195.0
     assert "resumed from" in (run_dir / "logs" / "learner-0.log").read_text()

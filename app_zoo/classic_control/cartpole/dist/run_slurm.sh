@@ -6,7 +6,9 @@
 # coordinator's bind address; default 127.0.0.1, which is right only when every role runs on one node: on several
 # nodes give the coordinator node's cluster-network address), RUN_DIR (on a file system every node mounts; the SQLite
 # files must be on node-local disk, see docs/parallel.md), LEARNER_RESTARTS (default 3: a learner step that fails, e.g.
-# a rank killed, is started again and resumes from its newest checkpoint, at most this many times).
+# a rank killed, is started again and resumes from its newest checkpoint, at most this many times), LEAGUE_RESTARTS
+# (default 3: the same for the league manager step; its league lives in the coordinator's SQLite, and while it is down
+# the coordinator names the learner's newest snapshot in each task).
 set -euo pipefail
 PARTITION="${1:?usage: run_slurm.sh PARTITION [CONFIG]}"
 cd "$(dirname "$0")/../../../.."
@@ -30,11 +32,31 @@ stop_all() {
 trap stop_all EXIT
 trap 'exit 130' INT TERM
 
+# keep_running RESTARTS NAME LOG COMMAND...: run COMMAND (output appended to LOG), and again when it fails, at most
+# RESTARTS more times; SIGTERM stops the command (srun forwards it to the step's tasks) and the loop
+keep_running() {
+  local restarts=$1 name=$2 log=$3 attempt=0 status child=""
+  shift 3
+  trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit 143' TERM
+  while :; do
+    "$@" >>"$log" 2>&1 &
+    child=$!
+    status=0
+    wait "$child" || status=$?
+    [ "$status" -eq 0 ] && return 0
+    echo "run_slurm.sh: the $name step exited with status $status" >&2
+    [ "$attempt" -ge "$restarts" ] && return "$status"
+    attempt=$((attempt + 1))
+    echo "run_slurm.sh: starting the $name step again ($attempt of $restarts)" >&2
+    sleep 2
+  done
+}
+
 srun -p "$PARTITION" --job-name=nervex-coordinator -N1 -n1 \
   "$PY" -u -m nervex.system.coordinator_start "${ARGS[@]}" --host "$COORD_HOST" >>"$RUN_DIR/logs/coordinator.stderr" 2>&1 &
 pids+=($!)
-srun -p "$PARTITION" --job-name=nervex-league -N1 -n1 \
-  "$PY" -u -m nervex.system.league_manager_start "${ARGS[@]}" >>"$RUN_DIR/logs/league_manager.stderr" 2>&1 &
+keep_running "${LEAGUE_RESTARTS:-3}" "league manager" "$RUN_DIR/logs/league_manager.stderr" \
+  srun -p "$PARTITION" --job-name=nervex-league -N1 -n1 "$PY" -u -m nervex.system.league_manager_start "${ARGS[@]}" &
 pids+=($!)
 srun -p "$PARTITION" --job-name=nervex-manager -N"$NODES" --ntasks-per-node=1 \
   "$PY" -u -m nervex.system.manager_start "${ARGS[@]}" "${ACTOR_ARGS[@]}" >>"$RUN_DIR/logs/manager.stderr" 2>&1 &
