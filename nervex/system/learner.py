@@ -53,6 +53,9 @@ PROGRESS_INTERVAL_S = 0.05
 """Progress (the rate limiter's input) is reported at most this often, and whenever a snapshot is published."""
 TRAIN_CHUNK = 64
 """Gradient steps between two polls when much training is owed (keeps snapshots and progress flowing)."""
+EVAL_DEFER_CREDIT = 4 * TRAIN_CHUNK
+"""An evaluation that falls due waits for the gradient steps owed for the data so far (as serial mode evaluates after
+training on what it collected), unless more than this many are owed (actors far ahead, no rate limiter)."""
 
 
 def sample_layout(sample: Mapping[str, Any]) -> Tuple[Tuple[str, str], ...]:
@@ -486,6 +489,8 @@ class LearnerRole:
     def _maybe_eval(self) -> None:
         if self.stopped or not self.evaluator.should_eval(self.env_step):
             return
+        if self._credit <= EVAL_DEFER_CREDIT and not self._needs_data():
+            return  # training is owed for the data so far (and can be done): evaluate once it is
         setting = self.policy.command_mode.get_setting_eval(self.command_info())
         res = self.evaluator.eval(self.train_iter, self.env_step, setting)
         self.last_eval = res

@@ -103,6 +103,10 @@ def test_dqn_dist_reaches_195(tmp_path, actors):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = eval_rows(run_dir)
     assert float(rows[-1]["mean_reward"]) >= 195.0
+    # as in serial mode, each evaluation comes after the gradient steps owed for the data so far: 4 per 8 env steps
+    # after learning_starts (500)
+    for row in rows:
+        assert int(row["train_iter"]) >= (int(row["env_step"]) - 500) // 2, row
     assert_exact_accounting(run_dir)
     # the run directory of a serial run, plus a log per role
     for name in ("config.yaml", "eval.csv", "run_token", "coordinator.sqlite", "league.sqlite"):
