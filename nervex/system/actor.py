@@ -124,7 +124,9 @@ class ActorRole:
             self.cfg, run_dir, "actor", worker_id, url=url, token=token, logger=self.logger, info={"index": index}
         )
         self.io: Optional[ActorIO] = None
-        if self.settings.io_process and fork_available():  # forked before any env process or thread exists
+        if self.settings.io_process and not fork_available():
+            self.logger.warning("system.actor.io_process: this platform cannot fork; the I/O thread does its work")
+        elif self.settings.io_process:  # forked before any env process or thread exists
             info = {"index": index}
             self.io = ActorIO(self.cfg, run_dir, worker_id, url, token, self.storage, info, self.logger)
         self._make_env = lambda: make_env_managers(self.cfg, self.seed, evaluator=False)
