@@ -3,10 +3,12 @@
 Starts a coordinator and a league manager (``nervex.system.launch.Launch``) from ``cartpole_dqn_dist.yaml`` with
 ``bench/parallel.py``'s flat-out collection overrides, stands in for the learner with ``parallel.Consumer``, runs the
 actor for SECONDS and prints its env steps per second and the seconds each phase took (the actor's thread:
-collect, snapshot, wait, idle; its I/O thread: lease, store, complete).
+collect, snapshot, wait, idle; its I/O thread: encode; its I/O process, or the I/O thread with
+``system.actor.io_process=false``: lease, store, complete).
 
     python bench/actor_probe.py 10                                   # prefetch on (the default)
     python bench/actor_probe.py 10 system.actor.prefetch=false       # one task at a time
+    python bench/actor_probe.py 10 system.actor.io_process=false     # round trips on the I/O thread
     python bench/actor_probe.py 10 system.coordinator.n_sample=64    # any other override
 """
 
