@@ -82,20 +82,8 @@ class ActorIO:
         self._closing = ctx.Event()  # (env processes forked later hold the pipe too: EOF alone may never come)
         self._lock = threading.Lock()
         self.logger = logger
-        args = (
-            child_end,
-            self._conn,
-            self._stop,
-            self._closing,
-            cfg,
-            run_dir,
-            worker_id,
-            url,
-            token,
-            storage,
-            info,
-            logger,
-        )
+        link = dict(cfg=cfg, run_dir=run_dir, role="actor", worker_id=worker_id, url=url, token=token, logger=logger)
+        args = (child_end, self._conn, self._stop, self._closing, dict(link, info=info), storage)
         self._process = ctx.Process(target=_serve, args=args, name=f"{worker_id}-io", daemon=True)
         self._process.start()
         child_end.close()
@@ -166,27 +154,14 @@ def _die_with(parent_pid: int) -> None:
         os._exit(0)
 
 
-def _serve(
-    conn: Any,
-    parent_end: Any,
-    stop: Any,
-    closing: Any,
-    cfg: Mapping[str, Any],
-    run_dir: str,
-    worker_id: str,
-    url: Optional[str],
-    token: bytes,
-    storage: Storage,
-    info: Dict[str, Any],
-    logger: logging.Logger,
-) -> None:
+def _serve(conn: Any, parent_end: Any, stop: Any, closing: Any, link_args: Dict[str, Any], storage: Storage) -> None:
     """(I/O process) Answer the actor's requests until it closes (``closing``, or its end of the pipe)."""
     parent_pid = os.getppid()
     _die_with(parent_pid)
     parent_end.close()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
-    link = WorkerLink(cfg, run_dir, "actor", worker_id, url=url, token=token, logger=logger, info=info)
+    link = WorkerLink(**link_args)
     link.info["pid"] = parent_pid  # it registers (again) as the actor, not as itself
     link.stop_requested = stop.is_set
     try:

@@ -364,21 +364,19 @@ class LearnerRole:
                 f"field {field!r} is {theirs.get(field, 'missing')}, "
                 f"the rollouts trained on have {ours.get(field, 'none')}"
             )
-        if problem is None and self._rollout_layout is None and self.world_size == 1:
+        else:
             try:
                 self._train_rollout(samples)
             except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+                if self._rollout_layout is not None or self.world_size > 1:
+                    raise  # a layout that trained before, or ranks that must fail together: a real error
                 problem = f"the policy cannot train on it: {type(error).__name__}: {error}"
             else:
                 self._rollout_layout = layout
                 return True
-        if problem is not None:
-            self.counters["bad_data"] += 1
-            self.logger.warning("skipped the data of %s: %s", task_id, problem)
-            return False
-        self._train_rollout(samples)
-        self._rollout_layout = layout
-        return True
+        self.counters["bad_data"] += 1
+        self.logger.warning("skipped the data of %s: %s", task_id, problem)
+        return False
 
     def _read(self, result: Mapping[str, Any], task_id: str) -> Optional[List[Dict[str, Any]]]:
         lag_cap = self.settings.max_policy_lag

@@ -38,7 +38,6 @@ import torch
 from nervex.config import apply_overrides, read_config
 from nervex.system.comm.auth import TOKEN_ENV, TOKEN_FILE, load_or_create_token, sign_request
 from nervex.system.comm.codec import encode_arrays, encode_state_dict
-from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
@@ -59,6 +58,8 @@ from nervex.system.protocol import (
 from nervex.system.samples import SAMPLES_KEY, encode_samples
 from nervex.system.task_table import TaskTableError
 from nervex.system.worker import WorkerExit, WorkerLink
+
+from .test_coordinator import refusal
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CARTPOLE_DQN = REPO_ROOT / "app_zoo" / "classic_control" / "cartpole" / "config" / "cartpole_dqn.yaml"
@@ -98,12 +99,6 @@ def canary_works(tmp_path: Path) -> None:
 def register_body(coordinator: Coordinator, worker_id: str, role: str = "actor", **changes: Any) -> Dict[str, Any]:
     body = dict(worker_id=worker_id, role=role, protocol=PROTOCOL_VERSION, config_hash=coordinator.config_hash)
     return {**body, **changes}
-
-
-def refusal(call: Callable[[], Any]) -> ProtocolError:
-    with pytest.raises(ProtocolError) as info:
-        call()
-    return info.value
 
 
 def workers(client: Client) -> List[str]:
