@@ -4,7 +4,9 @@ One task, end to end:
 
 1. ``/v1/task/lease`` (kind ``collect``) gives ``{unit, n, restart_envs, snapshot, policy_iter, env_step, ...}``.
 2. If ``snapshot`` differs from the loaded one, its file is read from the storage path (verified against its
-   SHA-256, parsed as safetensors: never unpickled) and loaded into the collect-mode policy.
+   SHA-256, parsed as safetensors: never unpickled) and loaded into the collect-mode policy. A lease answer without a
+   task (the rate limiter waits for the learner) names the snapshot the next task would use: the idle actor loads it
+   then, so new weights reach it within its back-off rather than at its next lease.
 3. The exploration setting comes from the policy's command mode at the run's progress (``env_step``: env steps the
    coordinator accepted so far); before ``learning_starts`` an off-policy actor acts at random, as in serial mode.
 4. ``SerialActor.collect`` runs the contract's unit with this process's env manager (same code as serial mode).
@@ -148,6 +150,7 @@ class ActorRole:
         self._learning_starts = learning_starts(self.cfg)
         self.snapshot: Optional[str] = None
         self.snapshot_iter = 0
+        self._refused_snapshot: Optional[str] = None  # the last snapshot an idle preload could not load
         self._held: Dict[str, str] = {}  # lease id -> task id: leased and not yet reported (heartbeats renew them)
         self._lease_lock = threading.Lock()
         self.tasks_done = 0
@@ -216,6 +219,8 @@ class ActorRole:
             if task is None:
                 if answer.get("stop"):
                     break
+                self._preload_snapshot(answer)
+                start = time.perf_counter()
                 if done is None:  # (a collected task is reported at once: the rate limiter may wait for it)
                     time.sleep(wait)
                     self._timed("idle", start)
@@ -381,6 +386,24 @@ class ActorRole:
         self.policy.collect_mode.load_state_dict(state)
         self.snapshot, self.snapshot_iter = name, int(policy_iter)
         self.last_snapshot_load_s = time.perf_counter() - start
+
+    def _preload_snapshot(self, answer: Mapping[str, Any]) -> None:
+        """While no task is available (the rate limiter holds collection back until the learner has trained), load the
+        snapshot the next task would name, so new weights reach an idle actor within its back-off, not at its next
+        lease (a task of 512 env steps holds a 1-actor run back for ~250 gradient steps). A snapshot that will not
+        load is logged once and left to the task that names it, which fails and reports it."""
+        name = answer.get("snapshot")
+        if not isinstance(name, str) or name in (self.snapshot, self._refused_snapshot):
+            return
+        start = time.perf_counter()
+        try:
+            self._load_snapshot(name, int(answer.get("policy_iter", 0)))
+        except WorkerExit:
+            raise
+        except Exception as error:  # a forged or truncated file, a layout for another policy ...
+            self._refused_snapshot = name
+            self.logger.warning("could not preload snapshot %s while idle: %s", name, error)
+        self._timed("snapshot", start)
 
     def _report_failure(self, task_id: str, lease_id: str, reason: str) -> None:
         try:

@@ -430,6 +430,11 @@ class Coordinator:
             task = {key: task[key] for key in ("task_id", "lease_id", "deadline", "payload")}
             if kind == "collect":
                 task["payload"] = self._at_lease(task["payload"])
+        elif kind == "collect":
+            # no task now (the rate limiter, a full queue): the snapshot the next task would name, so an idle actor
+            # loads it while it waits instead of after its next lease
+            choice = self._snapshot_source.choose()
+            return {"task": None, "stop": False, "snapshot": choice.snapshot, "policy_iter": choice.policy_iter}
         return {"task": task, "stop": False}
 
     @staticmethod

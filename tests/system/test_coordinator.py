@@ -473,6 +473,25 @@ def test_samples_per_insert_stops_task_creation_until_the_learner_samples(harnes
     assert h.lease("actor0") is None  # 24 + 8 in flight > 24
 
 
+def test_an_answer_without_a_task_names_the_snapshot_the_next_task_would_use(harness):
+    """An actor held back by the rate limiter learns the newest snapshot from its empty lease answers (and from the
+    report-and-lease answer), so it can load the weights while it waits."""
+    h = harness(learning_starts=8, samples_per_insert=2.0, max_pending_collect=4)
+    h.register("actor0")
+    h.register("learner0", role="learner")
+    first, second = h.lease("actor0"), h.lease("actor0")  # projected 0, 8 <= 8
+    empty = h.post(TASK_LEASE_PATH, {"worker_id": "actor0", "kind": "collect"})
+    assert empty == {"task": None, "stop": False, "snapshot": None, "policy_iter": 0}  # no snapshot yet
+    snapshot = h.storage.put(b"weights", "snapshot")
+    h.progress(sampled=0, snapshot=snapshot, policy_iter=12)
+    empty = h.post(TASK_LEASE_PATH, {"worker_id": "actor0", "kind": "collect"})
+    assert (empty["task"], empty["snapshot"], empty["policy_iter"]) == (None, snapshot, 12)
+    body = dict(worker_id="actor0", task_id=first["task_id"], lease_id=first["lease_id"], result=h.result())
+    answer = h.post(TASK_COMPLETE_PATH, dict(body, lease_next="collect"))
+    assert answer["accepted"] and answer["next"]["task"] is None and answer["next"]["snapshot"] == snapshot
+    assert second is not None
+
+
 def test_a_restarted_learner_with_an_empty_buffer_is_refilled_up_to_learning_starts(harness):
     """After a learner restart its replay buffer is empty: what it sampled before must not hold collection back
     (it could never sample again), but only learning_starts samples are let in before the ratio rules again."""
