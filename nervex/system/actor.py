@@ -198,9 +198,11 @@ class ActorRole:
         shares = ", ".join(f"{k} {100 * self.phase_s[k] / main:.0f}%" for k in MAIN_PHASES)
         io_busy = ", ".join(f"{k} {1e3 * self.phase_s[k] / max(1, self.tasks_done):.1f} ms" for k in IO_PHASES)
         self.logger.info(
-            "actor %s stops after %d task(s); its time: %s; per task in the background: %s",
+            "actor %s stops after %d task(s) with the snapshot of policy_iter %d; its time: %s; per task in the "
+            "background: %s",
             self.link.worker_id,
             self.tasks_done,
+            self.snapshot_iter,
             shares,
             io_busy,
         )
