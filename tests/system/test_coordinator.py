@@ -480,6 +480,7 @@ def test_an_answer_without_a_task_names_the_snapshot_the_next_task_would_use(har
     h.register("actor0")
     h.register("learner0", role="learner")
     first, second = h.lease("actor0"), h.lease("actor0")  # projected 0, 8 <= 8
+    assert second is not None
     empty = h.post(TASK_LEASE_PATH, {"worker_id": "actor0", "kind": "collect"})
     assert empty == {"task": None, "stop": False, "snapshot": None, "policy_iter": 0}  # no snapshot yet
     snapshot = h.storage.put(b"weights", "snapshot")
@@ -489,7 +490,6 @@ def test_an_answer_without_a_task_names_the_snapshot_the_next_task_would_use(har
     body = dict(worker_id="actor0", task_id=first["task_id"], lease_id=first["lease_id"], result=h.result())
     answer = h.post(TASK_COMPLETE_PATH, dict(body, lease_next="collect"))
     assert answer["accepted"] and answer["next"]["task"] is None and answer["next"]["snapshot"] == snapshot
-    assert second is not None
 
 
 def test_a_restarted_learner_with_an_empty_buffer_is_refilled_up_to_learning_starts(harness):
