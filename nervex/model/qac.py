@@ -61,11 +61,12 @@ class BatchedCritics(nn.Module):
             bound = 1.0 / math.sqrt(fan_in)
             self.weights.append(nn.Parameter(torch.empty(num, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(num, 1, fan_out).uniform_(-bound, bound)))
-        self._params_key = -1  # see _layer_params
+        self._params_key = -1  # see layer_params
         self._params: Tuple[List[nn.Parameter], List[nn.Parameter]] = ([], [])
 
-    def _layer_params(self) -> Tuple[List[nn.Parameter], List[nn.Parameter]]:
-        """``(weights, biases)`` as lists, cached: iterating an ``nn.ParameterList`` costs ~10 us per call."""
+    def layer_params(self) -> Tuple[List[nn.Parameter], List[nn.Parameter]]:
+        """``(weights, biases)``, one stacked tensor per layer, as lists (cached: iterating an ``nn.ParameterList``
+        costs ~10 us per call)."""
         if self._params_key != registration_count():
             self._params = (list(self.weights), list(self.biases))
             self._params_key = registration_count()
@@ -83,7 +84,7 @@ class BatchedCritics(nn.Module):
                 f"BatchedCritics: input has shape {tuple(x.shape)}; expected (B, {self.in_dim}) or "
                 f"({num}, B, {self.in_dim})"
             )
-        weights, biases = self._layer_params()
+        weights, biases = self.layer_params()
         if num < self.num:
             weights, biases = [w[:num] for w in weights], [b[:num] for b in biases]
         if self.activation_name in FUSED_ACTIVATIONS:
@@ -215,7 +216,12 @@ class QAC(nn.Module):
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ValueError(f"QAC forward mode must be one of {', '.join(QAC_MODES)}, got {mode!r}{hint}")
 
-    def _flat_obs(self, obs: torch.Tensor) -> torch.Tensor:
+    def flatten_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations as the float ``(B, obs_dim)`` rows the actor and the critics read.
+
+        Raises:
+            ValueError: ``obs`` does not end in the model's ``obs_shape``.
+        """
         _check_trailing_shape(obs, self.obs_shape, "QAC")
         if not obs.is_floating_point():
             obs = obs.float()
@@ -227,7 +233,7 @@ class QAC(nn.Module):
         Shapes:
             ``obs`` ``(B, *obs_shape)`` -> ``(B, action_dim)`` each.
         """
-        out = self.actor(self._flat_obs(obs))
+        out = self.actor(self.flatten_obs(obs))
         if self.actor_type == "deterministic":
             return {"action": self.action_loc + self.action_scale * torch.tanh(out)}
         mu, log_std = out.split(self.action_dim, dim=-1)
@@ -242,7 +248,7 @@ class QAC(nn.Module):
         Shapes:
             ``obs`` ``(B, *obs_shape)``, ``action`` ``(B, action_dim)`` -> ``q`` ``(critics or critic_num, B)``.
         """
-        flat = self._flat_obs(obs)
+        flat = self.flatten_obs(obs)
         if action.shape != flat.shape[:-1] + (self.action_dim,):
             raise ValueError(
                 f"QAC compute_critic: action has shape {tuple(action.shape)}; expected "

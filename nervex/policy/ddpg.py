@@ -7,10 +7,11 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 
 from nervex.config import merge_defaults
-from nervex.rl_utils import critic_loss, ddpg_critic_target, deterministic_actor_loss
+from nervex.rl_utils import ddpg_critic_target
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
+from .fused_ac import critic_update, deterministic_actor_update, fused_update_ok, qac_forward
 from .off_policy_ac import (
     AC_CONFIG,
     NOISE_CONFIG,
@@ -21,7 +22,7 @@ from .off_policy_ac import (
     host_figures,
     nstep_terms,
     polyak_agent,
-    step,
+    trained_tensors,
 )
 
 
@@ -64,25 +65,28 @@ class DDPGPolicy(CommonPolicy):
         self._priority = bool(self._cfg.priority)
         self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
         self._learn_agent = polyak_agent(self._model, learn.target_theta)
+        self._fused_update = bool(learn.fused_update)
+        self._trained = trained_tensors(self._actor_optimizer, self._critic_optimizer)
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        agent = self._learn_agent
+        agent, model = self._learn_agent, self._model
         reward, terminated, value_gamma = nstep_terms(data)
         weight = data.get("weight") if self._priority else None
         obs, next_obs = data["obs"], data["next_obs"]
+        fused = self._fused_update and fused_update_ok(model, self._trained)
         # critic: regress Q(s, a) on the target actor-critic's n-step value
         with torch.no_grad():
-            next_action = agent.target_forward(next_obs, mode="compute_actor")["action"]
-            target_q = agent.target_forward({"obs": next_obs, "action": next_action}, mode="compute_critic")["q"]
+            next_action = qac_forward(agent, "target", next_obs, "compute_actor", fused)["action"]
+            pair = {"obs": next_obs, "action": next_action}
+            target_q = qac_forward(agent, "target", pair, "compute_critic", fused)["q"]
             target = ddpg_critic_target(target_q, reward, terminated, self._gamma, self._nstep, value_gamma)
-        q = agent.forward({"obs": obs, "action": data["action"].float()}, mode="compute_critic")["q"]
-        loss_critic, td_error = critic_loss(q, target, weight)
-        step(self._critic_optimizer, loss_critic)
+        loss_critic, td_error, q = critic_update(
+            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused
+        )
         # actor: climb the (updated) critic's value of its own action
-        action = agent.forward(obs, mode="compute_actor")["action"]
-        q_pi = agent.forward({"obs": obs, "action": action}, mode="compute_critic", param_grad=False)["q"]
-        loss_actor = deterministic_actor_loss(q_pi, weight)
-        step(self._actor_optimizer, loss_actor, self._actor_params)
+        loss_actor = deterministic_actor_update(
+            agent, model, self._actor_optimizer, self._actor_params, obs, weight, fused
+        )
         agent.target_update()
         info: Dict[str, Any] = host_figures(critic_loss=loss_critic, actor_loss=loss_actor, q_value=q.mean())
         info.update(

@@ -9,11 +9,12 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 
 from nervex.config import Field, merge_defaults
-from nervex.rl_utils import Adder, critic_loss, sac_actor_loss, sac_alpha_loss, sac_critic_target
+from nervex.rl_utils import Adder, sac_alpha_loss, sac_critic_target
 from nervex.torch_utils import TanhGaussianDist, squash_bounds
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
+from .fused_ac import critic_update, fused_update_ok, qac_forward, sac_actor_update, sac_sample
 from .off_policy_ac import (
     AC_CONFIG,
     actor_critic_optimizers,
@@ -24,7 +25,7 @@ from .off_policy_ac import (
     make_adam,
     nstep_terms,
     polyak_agent,
-    step,
+    trained_tensors,
 )
 
 
@@ -101,45 +102,51 @@ class SACPolicy(CommonPolicy):
             self._alpha_optimizer = make_adam([self._log_alpha], learn.learning_rate, 0.0)
         self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
         self._learn_agent = polyak_agent(self._model, learn.target_theta)
+        self._fused_update = bool(learn.fused_update)
+        alpha_optimizer = [self._alpha_optimizer] if self._auto_alpha else []
+        self._trained = trained_tensors(self._actor_optimizer, self._critic_optimizer, *alpha_optimizer)
         model = self._model
         self._bounds = squash_bounds(model.action_low, model.action_high, model.action_dim, device=self._device)
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        agent = self._learn_agent
+        agent, model = self._learn_agent, self._model
         reward, terminated, value_gamma = nstep_terms(data)
         weight = data.get("weight") if self._priority else None
         obs, next_obs = data["obs"], data["next_obs"]
+        fused = self._fused_update and fused_update_ok(model, self._trained)
         # a fresh reparameterized action of the current policy: for the temperature's and the actor's losses
-        action_pi, log_prob = self._dist(agent.forward(obs, mode="compute_actor")).rsample_with_log_prob()
+        sample = sac_sample(agent, model, self._dist, obs, fused)
         alpha = self._log_alpha.detach().exp()  # this step's losses use the temperature from before its update
-        figures = dict(alpha=alpha, entropy=-log_prob.mean())
+        figures = dict(alpha=alpha, entropy=-sample.log_prob.detach().mean())
         # critics: regress every Q(s, a) on the soft value of a' ~ pi(.|s') under the smaller target critic
         with torch.no_grad():
-            next_dist = self._dist(agent.forward(next_obs, mode="compute_actor"))
+            next_dist = self._dist(qac_forward(agent, "main", next_obs, "compute_actor", fused))
             next_action, next_log_prob = next_dist.rsample_with_log_prob()
-            target_q = agent.target_forward({"obs": next_obs, "action": next_action}, mode="compute_critic")["q"]
+            pair = {"obs": next_obs, "action": next_action}
+            target_q = qac_forward(agent, "target", pair, "compute_critic", fused)["q"]
             target = sac_critic_target(
                 target_q, next_log_prob, alpha, reward, terminated, self._gamma, self._nstep, value_gamma
             )
-        q = agent.forward({"obs": obs, "action": data["action"].float()}, mode="compute_critic")["q"]
-        loss_critic, td_error = critic_loss(q, target, weight)
-        self._critic_optimizer.zero_grad()
+        loss_critic, td_error, q = critic_update(
+            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused
+        )
+        # actor: maximize min_i Q_i(s, a) + alpha * entropy through the reparameterized action (updated critics)
+        loss_actor = sac_actor_update(
+            agent, model, self._actor_optimizer, self._actor_params, sample, obs, alpha, weight, fused
+        )
         if self._auto_alpha:
-            # the temperature's loss shares the critics' backward call (separate graphs); its step waits until after
-            # the actor's, which changes nothing: this update's losses read the temperature from before it
-            loss_alpha = sac_alpha_loss(self._log_alpha, log_prob, self._target_entropy)
-            self._alpha_optimizer.zero_grad()
-            (loss_critic + loss_alpha).backward()
-            figures["alpha_loss"] = loss_alpha
-        else:
-            loss_critic.backward()
-        self._critic_optimizer.step()
-        # actor: maximize min_i Q_i(s, a) + alpha * entropy through the reparameterized action
-        q_pi = agent.forward({"obs": obs, "action": action_pi}, mode="compute_critic", param_grad=False)["q"]
-        loss_actor = sac_actor_loss(q_pi, log_prob, alpha, weight)
-        step(self._actor_optimizer, loss_actor, self._actor_params)
-        if self._auto_alpha:
+            # the temperature's step comes after the actor's, which changes nothing: this update's losses read the
+            # temperature from before it
+            log_prob = sample.log_prob.detach()
+            if fused:  # sac_alpha_loss's gradient in log_alpha: -mean(log_prob + target_entropy)
+                loss_alpha = sac_alpha_loss(self._log_alpha.detach(), log_prob, self._target_entropy)
+                self._log_alpha.grad = (log_prob + self._target_entropy).mean().neg_()
+            else:  # through autograd, so gradient hooks (multi-learner all-reduce) see it
+                loss_alpha = sac_alpha_loss(self._log_alpha, log_prob, self._target_entropy)
+                self._alpha_optimizer.zero_grad()
+                loss_alpha.backward()
             self._alpha_optimizer.step()
+            figures["alpha_loss"] = loss_alpha.detach()
         agent.target_update()
         info: Dict[str, Any] = host_figures(**figures, critic_loss=loss_critic, actor_loss=loss_actor, q_value=q.mean())
         info.update(

@@ -7,10 +7,11 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 
 from nervex.config import Field, merge_defaults
-from nervex.rl_utils import critic_loss, deterministic_actor_loss, target_policy_smoothing, td3_critic_target
+from nervex.rl_utils import target_policy_smoothing, td3_critic_target
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
+from .fused_ac import critic_update, deterministic_actor_update, fused_update_ok, qac_forward
 from .off_policy_ac import (
     AC_CONFIG,
     NOISE_CONFIG,
@@ -21,7 +22,7 @@ from .off_policy_ac import (
     host_figures,
     nstep_terms,
     polyak_agent,
-    step,
+    trained_tensors,
 )
 
 
@@ -75,6 +76,8 @@ class TD3Policy(CommonPolicy):
         self._smoothing_clip = float(learn.noise_clip) * scale
         self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
         self._learn_agent = polyak_agent(self._model, learn.target_theta)
+        self._fused_update = bool(learn.fused_update)
+        self._trained = trained_tensors(self._actor_optimizer, self._critic_optimizer)
         self._critic_steps = 0
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
@@ -82,30 +85,29 @@ class TD3Policy(CommonPolicy):
         reward, terminated, value_gamma = nstep_terms(data)
         weight = data.get("weight") if self._priority else None
         obs, next_obs = data["obs"], data["next_obs"]
+        fused = self._fused_update and fused_update_ok(model, self._trained)
         # critics: regress every Q(s, a) on the smaller target critic's value of the smoothed target action
         with torch.no_grad():
-            next_action = agent.target_forward(next_obs, mode="compute_actor")["action"]
+            next_action = qac_forward(agent, "target", next_obs, "compute_actor", fused)["action"]
             noise = torch.randn_like(next_action) * self._smoothing_sigma
             next_action = target_policy_smoothing(
                 next_action, noise, self._smoothing_clip, model.action_low, model.action_high
             )
-            target_q = agent.target_forward({"obs": next_obs, "action": next_action}, mode="compute_critic")["q"]
+            pair = {"obs": next_obs, "action": next_action}
+            target_q = qac_forward(agent, "target", pair, "compute_critic", fused)["q"]
             target = td3_critic_target(target_q, reward, terminated, self._gamma, self._nstep, value_gamma)
-        q = agent.forward({"obs": obs, "action": data["action"].float()}, mode="compute_critic")["q"]
-        loss_critic, td_error = critic_loss(q, target, weight)
-        step(self._critic_optimizer, loss_critic)
+        loss_critic, td_error, q = critic_update(
+            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused
+        )
         self._critic_steps += 1
         figures = dict(critic_loss=loss_critic, q_value=q.mean())
-        # delayed: the actor and the targets move once every actor_update_freq critic steps
+        # delayed: the actor and the targets move once every actor_update_freq critic steps; the actor follows Q_1
+        # alone (TD3, SB3): the second critic is not run
         if self._critic_steps % self._actor_update_freq == 0:
-            action = agent.forward(obs, mode="compute_actor")["action"]
-            # the actor follows Q_1 alone (TD3, SB3): the second critic is not run
-            pair = {"obs": obs, "action": action}
-            q_pi = agent.forward(pair, mode="compute_critic", critics=1, param_grad=False)["q"]
-            loss_actor = deterministic_actor_loss(q_pi, weight)
-            step(self._actor_optimizer, loss_actor, self._actor_params)
+            figures["actor_loss"] = deterministic_actor_update(
+                agent, model, self._actor_optimizer, self._actor_params, obs, weight, fused
+            )
             agent.target_update()
-            figures["actor_loss"] = loss_actor
         info: Dict[str, Any] = host_figures(**figures)
         info.update(
             cur_lr=self._critic_optimizer.param_groups[0]["lr"],

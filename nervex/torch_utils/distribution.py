@@ -316,6 +316,17 @@ class TanhGaussianDist:
         Returns:
             ``(action, log_prob)``, shapes :math:`(*, D)` and :math:`(*)`.
         """
+        action, log_prob, _, _ = self.rsample_with_noise()
+        return action, log_prob
+
+    def rsample_with_noise(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As :meth:`rsample_with_log_prob`, also returning the draw: ``(action, log_prob, eps, u)`` with
+        ``u = mu + sigma * eps`` the pre-squash sample (for a backward written by hand: ``d log_prob / du = 2 tanh u``,
+        ``d log_prob / d log sigma = -1`` besides the path through ``u``).
+
+        Shapes:
+            action, eps, u: :math:`(*, D)`; log_prob: :math:`(*)`.
+        """
         mu, sigma = self.base.mu, self.base.sigma
         eps = torch.randn_like(mu)
         u = torch.addcmul(mu, sigma, eps)
@@ -324,7 +335,7 @@ class TanhGaussianDist:
         per_dim = torch.addcmul(log_sigma, eps, eps, value=0.5).add_(t).sub_(F.softplus(t), alpha=2.0)
         const = mu.shape[-1] * (_HALF_LOG_2PI + 2.0 * _LOG_2)
         log_prob = (-const - self._log_scale_sum()) - per_dim.sum(-1)
-        return self._squash(u), log_prob
+        return self._squash(u), log_prob, eps, u
 
     def sample_with_log_prob(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`rsample_with_log_prob`, without gradient."""

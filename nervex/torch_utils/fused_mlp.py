@@ -50,7 +50,7 @@ def _activation_backward(g: torch.Tensor, h: torch.Tensor, act: Optional[str]) -
     return g
 
 
-def _layers_forward(
+def layers_forward(
     x: torch.Tensor, acts: Sequence[Optional[str]], weights: Sequence[torch.Tensor]
 ) -> List[torch.Tensor]:
     """Every layer's output, ``[x, h_1, ..., h_n]`` (2-D ``x``)."""
@@ -62,7 +62,7 @@ def _layers_forward(
     return outputs
 
 
-def _layers_backward(
+def layers_backward(
     g: torch.Tensor,
     acts: Sequence[Optional[str]],
     outputs: Sequence[torch.Tensor],
@@ -75,7 +75,10 @@ def _layers_backward(
     for i in reversed(range(len(acts))):
         g = _activation_backward(g, outputs[i + 1], acts[i])
         if needs[2 * i]:
-            weight_grads[2 * i] = g.t().mm(outputs[i])
+            h = outputs[i]
+            # a narrow input (an observation) makes a short last dimension, which MKL runs ~2x slower: transpose
+            wide = h.shape[1] * 16 <= g.shape[1]
+            weight_grads[2 * i] = h.t().mm(g).t().contiguous() if wide else g.t().mm(h)
         if needs[2 * i + 1]:
             weight_grads[2 * i + 1] = g.sum(0)
         if i > 0 or input_grad:
@@ -92,7 +95,7 @@ class _MLPFunction(torch.autograd.Function):
         results = []
         offset = 0
         for acts in structure:
-            outputs = _layers_forward(x, acts, weights[offset : offset + 2 * len(acts)])
+            outputs = layers_forward(x, acts, weights[offset : offset + 2 * len(acts)])
             offset += 2 * len(acts)
             saved += outputs[1:]
             results.append(outputs[-1])
@@ -120,7 +123,7 @@ class _MLPFunction(torch.autograd.Function):
             if grad is None:  # this output was not used in the loss
                 all_weight_grads += [None] * (2 * n)
             else:
-                g, weight_grads = _layers_backward(grad.contiguous(), acts, outputs, ws, needs, input_grad)
+                g, weight_grads = layers_backward(grad.contiguous(), acts, outputs, ws, needs, input_grad)
                 all_weight_grads += weight_grads
                 if g is not None:
                     x_grad = g if x_grad is None else x_grad + g
@@ -149,13 +152,20 @@ def mlps_forward(x: torch.Tensor, plans: Sequence[Sequence[Tuple[Any, Optional[s
         - x: :math:`(*, D_{in})`
         - outputs: :math:`(*, D_{out,k})`
     """
-    lead = x.shape[:-1]
-    h = _flat(x)
     weights: List[torch.Tensor] = []
     for plan in plans:
         for linear, _ in plan:
             weights += [linear.weight, linear.bias]
-    structure = tuple(tuple(act for _, act in plan) for plan in plans)
+    return mlps_forward_params(x, tuple(tuple(act for _, act in plan) for plan in plans), weights)
+
+
+def mlps_forward_params(
+    x: torch.Tensor, structure: Tuple[Tuple[Optional[str], ...], ...], weights: Sequence[torch.Tensor]
+) -> Tuple[torch.Tensor, ...]:
+    """``mlps_forward`` given each MLP's activations and the flat ``[weight, bias, ...]`` list (a caller that holds
+    them saves rebuilding them per call)."""
+    lead = x.shape[:-1]
+    h = _flat(x)
     if torch.is_grad_enabled() and (h.requires_grad or any(w.requires_grad for w in weights)):
         outs = _MLPFunction.apply(h, structure, *weights)
         outs = outs if isinstance(outs, tuple) else (outs,)
@@ -164,7 +174,7 @@ def mlps_forward(x: torch.Tensor, plans: Sequence[Sequence[Tuple[Any, Optional[s
     else:
         outs, offset = [], 0
         for acts in structure:
-            outs.append(_layers_forward(h, acts, weights[offset : offset + 2 * len(acts)])[-1])
+            outs.append(layers_forward(h, acts, weights[offset : offset + 2 * len(acts)])[-1])
             offset += 2 * len(acts)
     return tuple(out.reshape(*lead, out.shape[-1]) for out in outs)
 
@@ -189,7 +199,7 @@ def _numpy_inference_ok(h: torch.Tensor, weights: Sequence[torch.Tensor]) -> boo
 def _numpy_forward(
     x: np.ndarray, structure: Tuple[Tuple[Optional[str], ...], ...], weights: Sequence[torch.Tensor]
 ) -> List[torch.Tensor]:
-    """``_layers_forward``'s outputs for every MLP, computed in NumPy (no gradient; CPU float32 only)."""
+    """``layers_forward``'s outputs for every MLP, computed in NumPy (no gradient; CPU float32 only)."""
     arrays = [w.detach().numpy() for w in weights]  # views of the parameters: no copy
     outs, offset = [], 0
     for acts in structure:
@@ -217,11 +227,11 @@ def mlp_forward(x: torch.Tensor, layers: Sequence[Tuple[Any, Optional[str]]]) ->
 
 
 # ---- N MLPs of the same shape, evaluated together (QAC's critics) -------------------------------------------------
-def _batched_layers_forward(
+def batched_layers_forward(
     h: torch.Tensor, act: Optional[str], weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]
 ) -> Tuple[List[torch.Tensor], torch.Tensor]:
-    """``([input, h_1, ..., h_{n-1}], output)`` of N MLPs over ``(N, B, in)``; a width-1 output layer is one
-    matrix-vector product per MLP (a batched matmul with one output column runs ~4x slower on the CPU)."""
+    """``([input, h_1, ..., h_{n-1}], output)`` of N MLPs over ``(N, B, in)``; a width-1 output layer is computed as
+    ``w^T h^T`` (``(N, 1, B)``: a batched matmul with one output column runs ~4x slower on the CPU)."""
     outputs = [h]
     for weight, bias in zip(weights[:-1], biases[:-1]):
         h = _activate_(torch.baddbmm(bias, h, weight), act)
@@ -229,10 +239,54 @@ def _batched_layers_forward(
     weight, bias = weights[-1], biases[-1]
     if weight.shape[-1] != 1:
         return outputs, torch.baddbmm(bias, h, weight)
-    out = h.new_empty(h.shape[0], h.shape[1], 1)
-    for i in range(h.shape[0]):
-        torch.addmv(bias[i, 0], h[i], weight[i, :, 0], out=out[i, :, 0])
-    return outputs, out
+    return outputs, torch.baddbmm(bias, weight.transpose(1, 2), h.transpose(1, 2)).transpose(1, 2)
+
+
+def batched_layers_backward(
+    grad: torch.Tensor,
+    outputs: Sequence[torch.Tensor],
+    weights: Sequence[torch.Tensor],
+    act: Optional[str],
+    needs_w: Sequence[bool],
+    needs_b: Sequence[bool],
+    input_grad: bool,
+) -> Tuple[Optional[torch.Tensor], List[Optional[torch.Tensor]], List[Optional[torch.Tensor]]]:
+    """Gradients of N MLPs (``batched_layers_forward``) from the gradient of their output, without autograd.
+
+    Args:
+        grad: The gradient of the MLPs' output.
+        outputs: ``batched_layers_forward``'s saved activations ``[input, h_1, ..., h_{n-1}]``.
+        weights: Per layer the stacked weights ``(N, in_k, out_k)``.
+        act: The hidden activation (``'relu'``, ``'tanh'`` or None).
+        needs_w, needs_b: Per layer, whether the weight's and the bias's gradient is wanted.
+        input_grad: Whether the input's gradient is wanted.
+
+    Returns:
+        ``(input's gradient per MLP or None, [weight gradient or None per layer], [bias gradient or None per layer])``.
+
+    Shapes:
+        - grad: :math:`(N, B, D_{out})`
+        - input's gradient: :math:`(N, B, D_{in})`
+    """
+    n = len(weights)
+    weight_grads: List[Optional[torch.Tensor]] = [None] * n
+    bias_grads: List[Optional[torch.Tensor]] = [None] * n
+    g = grad.contiguous()
+    for k in reversed(range(n)):
+        h_in, weight = outputs[k], weights[k]
+        if k < n - 1:
+            g = _activation_backward(g, outputs[k + 1], act)
+        if needs_b[k]:
+            bias_grads[k] = g.sum(1, keepdim=True)
+        width_one = weight.shape[-1] == 1
+        if needs_w[k]:
+            if width_one:  # as (N, 1, in): one output column is slow as the matmul's last dimension
+                weight_grads[k] = torch.bmm(g.transpose(1, 2), h_in).transpose(1, 2)
+            else:
+                weight_grads[k] = torch.bmm(h_in.transpose(1, 2), g)
+        if k > 0 or input_grad:
+            g = g * weight.transpose(1, 2) if width_one else torch.bmm(g, weight.transpose(1, 2))
+    return (g if input_grad else None), weight_grads, bias_grads
 
 
 class _BatchedMLPFunction(torch.autograd.Function):
@@ -246,7 +300,7 @@ class _BatchedMLPFunction(torch.autograd.Function):
         weights, biases = params[:n_layers], params[n_layers:]
         shared = x.dim() == 2
         h = x.unsqueeze(0).expand(weights[0].shape[0], *x.shape) if shared else x
-        outputs, out = _batched_layers_forward(h, act, weights, biases)
+        outputs, out = batched_layers_forward(h, act, weights, biases)
         ctx.act, ctx.n_layers, ctx.shared, ctx.param_grad = act, n_layers, shared, param_grad
         ctx.save_for_backward(*outputs, *weights)
         return out
@@ -258,27 +312,11 @@ class _BatchedMLPFunction(torch.autograd.Function):
         outputs, weights = saved[:n], saved[n:]
         needs_w = [ctx.param_grad and need for need in ctx.needs_input_grad[4 : 4 + n]]
         needs_b = [ctx.param_grad and need for need in ctx.needs_input_grad[4 + n :]]
-        weight_grads: List[Optional[torch.Tensor]] = [None] * n
-        bias_grads: List[Optional[torch.Tensor]] = [None] * n
-        g = grad.contiguous()
-        for k in reversed(range(n)):
-            h_in, weight = outputs[k], weights[k]
-            if k < n - 1:
-                g = _activation_backward(g, outputs[k + 1], ctx.act)
-            if needs_b[k]:
-                bias_grads[k] = g.sum(1, keepdim=True)
-            width_one = weight.shape[-1] == 1
-            if needs_w[k]:
-                if width_one:
-                    weight_grads[k] = torch.stack([torch.mv(h_in[i].t(), g[i, :, 0]) for i in range(g.shape[0])])
-                    weight_grads[k] = weight_grads[k].unsqueeze(-1)
-                else:
-                    weight_grads[k] = torch.bmm(h_in.transpose(1, 2), g)
-            if k > 0 or ctx.needs_input_grad[0]:
-                g = g * weight.transpose(1, 2) if width_one else torch.bmm(g, weight.transpose(1, 2))
-        x_grad = None
-        if ctx.needs_input_grad[0]:
-            x_grad = g.sum(0) if ctx.shared else g
+        x_grad, weight_grads, bias_grads = batched_layers_backward(
+            grad, outputs, weights, ctx.act, needs_w, needs_b, ctx.needs_input_grad[0]
+        )
+        if x_grad is not None and ctx.shared:
+            x_grad = x_grad.sum(0)
         return (x_grad, None, None, None, *weight_grads, *bias_grads)
 
 
@@ -314,4 +352,4 @@ def batched_mlps_forward(
         return _BatchedMLPFunction.apply(x, activation, len(weights), param_grad, *params)
     h = x.unsqueeze(0).expand(weights[0].shape[0], *x.shape) if x.dim() == 2 else x
     with torch.no_grad():  # nothing needs a gradient here
-        return _batched_layers_forward(h, activation, params[: len(weights)], params[len(weights) :])[1]
+        return batched_layers_forward(h, activation, params[: len(weights)], params[len(weights) :])[1]

@@ -1,0 +1,147 @@
+"""DDPG, TD3 and SAC: the hand-differentiated learner step against the same step through autograd."""
+
+import copy
+
+import pytest
+import torch
+
+from nervex.model import QAC
+from nervex.policy import DDPGPolicy, SACPolicy, TD3Policy
+from nervex.policy.fused_ac import fused_update_ok
+from nervex.torch_utils import TanhGaussianDist
+
+LOW, HIGH = [-1.0, 0.0], [3.0, 0.5]  # asymmetric: loc and scale differ per dimension
+MODEL = {"obs_dim": 3, "action_dim": 2, "action_low": LOW, "action_high": HIGH, "hidden_sizes": [32, 24]}
+CLASSES = {"ddpg": DDPGPolicy, "td3": TD3Policy, "sac": SACPolicy}
+
+
+def make(name, fused, model=None, **cfg):
+    torch.manual_seed(0)
+    learn = {"fused_update": fused, **cfg.pop("learn", {})}
+    return CLASSES[name]({"policy_type": name, "model": {**MODEL, **(model or {})}, "learn": learn, **cfg})
+
+
+def batch(seed, size=16, nstep=1):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "obs": torch.randn(size, 3, generator=g),
+        "next_obs": torch.randn(size, 3, generator=g),
+        "action": torch.rand(size, 2, generator=g) * torch.tensor([4.0, 0.5]) + torch.tensor([-1.0, 0.0]),
+        "reward": torch.randn(size, nstep, generator=g),
+        # a terminal and a truncated (not terminal: it bootstraps) sample in the same batch
+        "terminated": torch.tensor([True, False, False, False] * (size // 4)),
+        "value_gamma": torch.rand(size, generator=g),
+        "weight": torch.rand(size, generator=g) + 0.5,
+    }
+
+
+def run_updates(policy, steps=4, nstep=1):
+    infos = []
+    for i in range(steps):
+        torch.manual_seed(100 + i)  # the same noise draws on both paths
+        infos.append(policy.learn_mode.forward(batch(seed=i, nstep=nstep)))
+    return infos
+
+
+CASES = [
+    ("ddpg", {}),
+    ("ddpg", {"priority": True, "nstep": 3}),
+    ("td3", {"learn": {"actor_update_freq": 2}}),
+    ("td3", {"priority": True, "nstep": 3, "learn": {"actor_update_freq": 1, "grad_clip": 0.5}}),
+    ("sac", {}),
+    ("sac", {"priority": True, "nstep": 3, "learn": {"auto_alpha": False, "alpha": 0.2}}),
+    ("sac", {"model": {"critic_num": 3, "activation": "tanh"}}),
+]
+
+
+@pytest.mark.parametrize("name,cfg", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_hand_written_step_equals_autograd(name, cfg):
+    """Same start, same batches, same noise: every parameter, target copy, optimizer moment, loss and priority of
+    the hand-written step equals the autograd step's (float rounding apart)."""
+    cfg_fused, cfg_plain = copy.deepcopy(cfg), copy.deepcopy(cfg)
+    model = cfg.get("model")
+    fused = make(name, True, model=cfg_fused.pop("model", None), **cfg_fused)
+    plain = make(name, False, model=cfg_plain.pop("model", None), **cfg_plain)
+    assert fused_update_ok(fused.model, fused._trained), model
+    nstep = cfg.get("nstep", 1)
+    got, want = run_updates(fused, nstep=nstep), run_updates(plain, nstep=nstep)
+    for info_got, info_want in zip(got, want):
+        assert info_got.keys() == info_want.keys()
+        for key, value in info_want.items():
+            torch.testing.assert_close(torch.as_tensor(info_got[key]), torch.as_tensor(value), rtol=1e-4, atol=1e-5)
+    for a, b in zip(fused.model.parameters(), plain.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    targets = fused._learn_agent.get_model("target"), plain._learn_agent.get_model("target")
+    for a, b in zip(targets[0].parameters(), targets[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    for opt_got, opt_want in zip(fused.learn_mode.optimizers().values(), plain.learn_mode.optimizers().values()):
+        for p_got, p_want in zip(opt_got.param_groups[0]["params"], opt_want.param_groups[0]["params"]):
+            state_got, state_want = opt_got.state[p_got], opt_want.state[p_want]
+            torch.testing.assert_close(state_got["exp_avg_sq"], state_want["exp_avg_sq"], rtol=1e-4, atol=1e-9)
+    if name == "sac" and cfg.get("learn", {}).get("auto_alpha", True):
+        torch.testing.assert_close(fused._log_alpha.detach(), plain._log_alpha.detach())
+        assert fused._log_alpha.item() != 0.0  # the temperature moved
+
+
+@pytest.mark.parametrize("name", ["ddpg", "td3"])
+def test_the_actor_step_climbs_the_critic_it_follows(name):
+    """A value that could be wrong (a flipped gradient lowers it): after one update, the first critic (the one the
+    actor step read, unchanged since) values the new actor's actions above the old actor's."""
+    policy = make(name, True, learn={"actor_update_freq": 1} if name == "td3" else {})
+    data = batch(seed=0)
+    old_actor = copy.deepcopy(policy.model.actor)
+    policy.learn_mode.forward(data)
+    model = policy.model
+    with torch.no_grad():
+        new_q = model.compute_critic(data["obs"], model.compute_actor(data["obs"])["action"], critics=1)["q"]
+        old_action = model.action_loc + model.action_scale * torch.tanh(old_actor(data["obs"]))
+        old_q = model.compute_critic(data["obs"], old_action, critics=1)["q"]
+    assert new_q.mean() > old_q.mean()
+
+
+def test_gradient_hooks_and_other_models_take_autograd():
+    """A post-accumulate-grad hook (what multi-learner all-reduce registers) still fires: the step falls back to
+    autograd; so does a model whose actor does not run fused (LayerNorm)."""
+    policy = make("td3", True)
+    assert fused_update_ok(policy.model, policy._trained)
+    calls = []
+    handle = policy.model.critic.weights[0].register_post_accumulate_grad_hook(lambda p: calls.append(p.shape))
+    assert not fused_update_ok(policy.model, policy._trained)
+    policy.learn_mode.forward(batch(seed=0))
+    assert calls == [policy.model.critic.weights[0].shape]
+    handle.remove()
+    assert fused_update_ok(policy.model, policy._trained)
+
+    forward_calls = []
+    hook = policy.model.actor.register_forward_hook(lambda *args: forward_calls.append(1))
+    assert not fused_update_ok(policy.model, policy._trained)
+    hook.remove()
+
+    class LoggingQAC(QAC):
+        def compute_critic(self, obs, action, critics=None, param_grad=True):
+            return super().compute_critic(obs, action, critics, param_grad)
+
+    assert not fused_update_ok(LoggingQAC(**MODEL), [])
+    custom = QAC(**MODEL)
+    custom.actor.layers[0][0].weight = torch.nn.Parameter(custom.actor.layers[0][0].weight.detach().clone())
+    assert fused_update_ok(custom, [])  # a replaced parameter is picked up (the caches refresh)
+    sac = make("sac", True)
+    sac_before = [p.detach().clone() for p in sac.model.actor.parameters()]
+    sac.model.actor._fused = None  # as an MLP with LayerNorm: runs its layers one by one
+    assert not fused_update_ok(sac.model, sac._trained)
+    sac.learn_mode.forward(batch(seed=0))
+    assert any(not torch.equal(a, b) for a, b in zip(sac_before, sac.model.actor.parameters()))
+
+
+def test_rsample_with_noise_returns_the_draw_behind_the_action():
+    mu, log_sigma = torch.randn(5, 2), torch.randn(5, 2) * 0.3
+    dist = TanhGaussianDist(mu, log_sigma.exp(), LOW, HIGH, log_sigma=log_sigma)
+    torch.manual_seed(3)
+    action, log_prob = dist.rsample_with_log_prob()
+    torch.manual_seed(3)
+    action2, log_prob2, eps, u = dist.rsample_with_noise()
+    torch.testing.assert_close(action, action2)
+    torch.testing.assert_close(log_prob, log_prob2)
+    torch.testing.assert_close(u, mu + log_sigma.exp() * eps)
+    loc, scale = (torch.tensor(HIGH) + torch.tensor(LOW)) / 2, (torch.tensor(HIGH) - torch.tensor(LOW)) / 2
+    torch.testing.assert_close(action, loc + scale * torch.tanh(u))
