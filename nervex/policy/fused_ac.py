@@ -5,7 +5,7 @@ the engine walks it back, and each ``AccumulateGrad`` detaches and stores. Here 
 (``fused_mlp``'s layer functions, which also serve its autograd nodes), keeps the activations its backward needs, and
 writes each parameter's gradient into ``.grad`` as ``zero_grad(); loss.backward()`` would leave it; the optimizer then
 steps as usual (clipping included). A TD3 update on Pendulum-size inputs with [256, 256] networks and batch 256
-runs ~20% faster than the same update through autograd (``docs/benchmarks.md``).
+runs ~15% faster than the same update through autograd, a SAC update ~20% (``docs/benchmarks.md``).
 
 The losses are ``rl_utils``' (``critic_loss``, ``deterministic_actor_loss``, ``sac_actor_loss``, ``sac_alpha_loss``)
 and stay the definition: each function below returns the loss value they give and the gradient autograd would

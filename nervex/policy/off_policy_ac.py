@@ -29,7 +29,7 @@ AC_CONFIG: Dict[str, Any] = dict(
         learning_rate=Field(1e-3, gt=0),  # actor and critics (and SAC's temperature)
         target_theta=Field(0.005, gt=0, le=1),  # Polyak rate tau of the target copies
         grad_clip=Field(0.0, ge=0),  # max gradient norm of each optimizer; 0 turns clipping off
-        # the stock QAC's losses differentiated by hand (nervex.policy.fused_ac: same gradients, ~20% faster on a
+        # the stock QAC's losses differentiated by hand (nervex.policy.fused_ac: same gradients, 15-20% faster on a
         # CPU); false, or a custom model, gradient hooks (multi-learner all-reduce) or module hooks: autograd
         fused_update=True,
     ),
