@@ -233,7 +233,14 @@ class QAC(nn.Module):
         Shapes:
             ``obs`` ``(B, *obs_shape)`` -> ``(B, action_dim)`` each.
         """
-        out = self.actor(self.flatten_obs(obs))
+        return self.actor_head(self.actor(self.flatten_obs(obs)))
+
+    def actor_head(self, out: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """``compute_actor``'s output from the actor MLP's: the bounded action, or the clamped Gaussian.
+
+        Shapes:
+            ``out`` ``(B, action_dim)`` or ``(B, 2 * action_dim)`` -> ``(B, action_dim)`` each.
+        """
         if self.actor_type == "deterministic":
             return {"action": self.action_loc + self.action_scale * torch.tanh(out)}
         mu, log_std = out.split(self.action_dim, dim=-1)

@@ -8,6 +8,7 @@ import torch
 
 from nervex.config import merge_defaults
 from nervex.rl_utils import ddpg_critic_target
+from nervex.torch_utils import trained_tensors
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
@@ -22,7 +23,6 @@ from .off_policy_ac import (
     host_figures,
     nstep_terms,
     polyak_agent,
-    trained_tensors,
 )
 
 

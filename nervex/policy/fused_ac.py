@@ -59,7 +59,7 @@ def _structure_ok(model: torch.nn.Module) -> bool:
     cached = _STRUCTURE_OK.get(model)
     if cached is None or cached[0] != key:
         ok = bool(
-            _stock_methods(model, QAC, ("forward", "compute_actor", "compute_critic", "flatten_obs"))
+            _stock_methods(model, QAC, ("forward", "compute_actor", "actor_head", "compute_critic", "flatten_obs"))
             and _stock_methods(model.actor, MLP, ("forward", "fused_params"))
             and model.actor.fused_params() is not None
             and _stock_methods(model.critic, BatchedCritics, ("forward", "layer_params"))
@@ -137,16 +137,7 @@ def qac_forward(agent: Agent, name: str, data: Any, mode: str, fused: bool) -> D
             return {"q": batched_layers_forward(h, model.critic.activation_name, weights, biases)[1].squeeze(-1)}
         acts, layer_params = _actor_layers(model.actor)
         out = layers_forward(model.flatten_obs(data), acts, layer_params)[-1]
-        return _actor_output(model, out)
-
-
-def _actor_output(model: QAC, out: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """``QAC.compute_actor``'s output from the actor MLP's."""
-    if model.actor_type == "deterministic":
-        return {"action": model.action_loc + model.action_scale * torch.tanh(out)}
-    mu, log_std = out.split(model.action_dim, dim=-1)
-    log_sigma = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-    return {"mu": mu, "sigma": log_sigma.exp(), "log_sigma": log_sigma}
+        return model.actor_head(out)
 
 
 # ---- the critics' regression ----------------------------------------------------------------------------------------
@@ -267,8 +258,8 @@ def deterministic_actor_update(
     with torch.no_grad():
         flat = model.flatten_obs(obs)
         outputs = layers_forward(flat, acts, layer_params)
-        squashed = torch.tanh(outputs[-1])
-        action = model.action_loc + model.action_scale * squashed  # _actor_output, keeping tanh's value
+        action = model.actor_head(outputs[-1])["action"]
+        squashed = torch.tanh(outputs[-1])  # the head's tanh, for its backward
         run = _critics_forward(model, torch.cat([flat, action], dim=-1), 1)
         loss = weighted_mean(-run.q[0], weight)
         action_grad = _critics_action_grad(model, run, -_loss_weight(weight, flat.shape[0], flat).unsqueeze(0))
@@ -324,7 +315,7 @@ def sac_sample(
     with torch.no_grad():
         flat = model.flatten_obs(obs)
         outputs = layers_forward(flat, acts, layer_params)
-        gaussian = _actor_output(model, outputs[-1])
+        gaussian = model.actor_head(outputs[-1])
         action, log_prob, eps, u = dist(gaussian).rsample_with_noise()
     return SquashedSample(action, log_prob, flat, outputs, eps, u, gaussian["sigma"])
 

@@ -93,16 +93,6 @@ def actor_critic_optimizers(model: torch.nn.Module, learn: Mapping[str, Any]) ->
     return actor_params, actor_optimizer, critic_optimizer
 
 
-def trained_tensors(*optimizers: torch.optim.Optimizer) -> List[torch.Tensor]:
-    """Every tensor the optimizers train, in their order (each once)."""
-    tensors: Dict[int, torch.Tensor] = {}
-    for optimizer in optimizers:
-        for group in optimizer.param_groups:
-            for tensor in group["params"]:
-                tensors.setdefault(id(tensor), tensor)
-    return list(tensors.values())
-
-
 def host_figures(**tensors: torch.Tensor) -> Dict[str, float]:
     """The logged scalars as Python floats: on an accelerator copied to the host together (one sync instead of one
     ``.item()`` each); on the CPU read one by one (an ``.item()`` is cheaper there than stacking them)."""
@@ -148,13 +138,6 @@ def nstep_terms(data: Mapping[str, Any]) -> Tuple[torch.Tensor, torch.Tensor, Op
     reward = data["reward"].float()
     reward = reward.t() if reward.dim() == 2 else reward.unsqueeze(0)
     return reward, data["terminated"].float(), data.get("value_gamma")
-
-
-def step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, params: Optional[List[torch.Tensor]] = None) -> None:
-    """Zero the optimizer's gradients, backpropagate ``loss`` (into ``params`` only, when given) and step."""
-    optimizer.zero_grad()
-    loss.backward(inputs=params)
-    optimizer.step()
 
 
 class DeterministicActing:

@@ -10,7 +10,7 @@ import torch
 
 from nervex.config import Field, merge_defaults
 from nervex.rl_utils import Adder, sac_alpha_loss, sac_critic_target
-from nervex.torch_utils import TanhGaussianDist, squash_bounds
+from nervex.torch_utils import TanhGaussianDist, squash_bounds, trained_tensors
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
@@ -25,7 +25,6 @@ from .off_policy_ac import (
     make_adam,
     nstep_terms,
     polyak_agent,
-    trained_tensors,
 )
 
 

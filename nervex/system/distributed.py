@@ -38,6 +38,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import torch
 import torch.distributed as dist
 
+from nervex.torch_utils.optimizer import trained_tensors
+
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
 SLURM_PORT_BASE = 15000
@@ -593,15 +595,7 @@ class GradientAllReduce:
 def optimized_tensors(policy: Any) -> List[torch.Tensor]:
     """Every tensor the policy's optimizers train, in their order (``policy.learn_mode.optimizers()``): the model's
     parameters and any outside it, such as SAC's temperature ``log_alpha``."""
-    tensors: List[torch.Tensor] = []
-    seen: set = set()
-    for optimizer in policy.learn_mode.optimizers().values():
-        for group in optimizer.param_groups:
-            for tensor in group["params"]:
-                if id(tensor) not in seen:
-                    seen.add(id(tensor))
-                    tensors.append(tensor)
-    return tensors
+    return trained_tensors(*policy.learn_mode.optimizers().values())
 
 
 def attach_gradient_allreduce(

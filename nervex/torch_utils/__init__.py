@@ -5,7 +5,7 @@ from .data_helper import collate, decollate, to_device, to_ndarray, to_tensor
 from .distribution import CategoricalDist, GaussianDist, SquashBounds, TanhGaussianDist, squash_bounds
 from .network import MLP, conv2d_block, fc_block, get_activation
 from .normalizer import ReturnNormalizer, RunningMeanStd
-from .optimizer import Adam, clip_grad_norm
+from .optimizer import Adam, clip_grad_norm, trained_tensors
 
 __all__ = [
     "to_tensor",
@@ -15,6 +15,7 @@ __all__ = [
     "decollate",
     "Adam",
     "clip_grad_norm",
+    "trained_tensors",
     "save_checkpoint",
     "load_checkpoint",
     "check_checkpoint_state",

@@ -60,6 +60,16 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> torch.Ten
     return total
 
 
+def trained_tensors(*optimizers: torch.optim.Optimizer) -> List[torch.Tensor]:
+    """Every tensor the optimizers train, in their order, each once."""
+    tensors: Dict[int, torch.Tensor] = {}
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for tensor in group["params"]:
+                tensors.setdefault(id(tensor), tensor)
+    return list(tensors.values())
+
+
 def _fused_supported(params: List[Any]) -> bool:
     """True when every parameter is a floating-point tensor on the CPU or a CUDA device (what fused Adam takes)."""
     tensors: List[Any] = []

@@ -127,7 +127,9 @@ def test_dqn_dist_reaches_195(tmp_path, actors):
     train_iter = latest_checkpoint(run_dir)["train_iter"]
     assert all(0 <= r["result"]["policy_iter"] <= train_iter for r in accepted_results(run_dir))
     for i in range(actors):
-        stop_line = re.search(r"stops after \d+ task\(s\) with the snapshot of policy_iter (\d+)", actor_log(run_dir, i))
+        stop_line = re.search(
+            r"stops after \d+ task\(s\) with the snapshot of policy_iter (\d+)", actor_log(run_dir, i)
+        )
         assert stop_line is not None and 0 < int(stop_line.group(1)) <= train_iter, f"actor {i}"
     assert "main" in _league_players(run_dir)
 
