@@ -81,7 +81,7 @@ class DDPGPolicy(CommonPolicy):
             target_q = qac_forward(agent, "target", pair, "compute_critic", fused)["q"]
             target = ddpg_critic_target(target_q, reward, terminated, self._gamma, self._nstep, value_gamma)
         loss_critic, td_error, q = critic_update(
-            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused
+            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused, self._priority
         )
         # actor: climb the (updated) critic's value of its own action
         loss_actor = deterministic_actor_update(

@@ -88,11 +88,28 @@ def fused_update_ok(model: torch.nn.Module, tensors: Sequence[torch.Tensor]) -> 
     return not any(t._backward_hooks or t._post_accumulate_grad_hooks for t in tensors)
 
 
-def _set_grads(tensors: Sequence[torch.Tensor], grads: Sequence[Optional[torch.Tensor]]) -> None:
-    """Leave ``grads`` in ``.grad`` as ``zero_grad(set_to_none=True); loss.backward()`` does."""
-    for tensor, grad in zip(tensors, grads):
-        if tensor.requires_grad:
-            tensor.grad = grad
+def _grad_slots(tensors: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
+    """Where the hand-written backward writes each tensor's gradient: its ``.grad`` from the last step when that fits
+    (same shape, dtype and device, dense and contiguous), else a new tensor set as ``.grad``; None for a tensor that
+    does not require a gradient (its gradient is computed and dropped). Overwritten whole, ``.grad`` ends as
+    ``zero_grad(); loss.backward()`` leaves it, without allocating and first-touching a new tensor per step."""
+    slots: List[Optional[torch.Tensor]] = []
+    for tensor in tensors:
+        if not tensor.requires_grad:
+            slots.append(None)
+            continue
+        grad = tensor.grad
+        if (
+            grad is None
+            or grad.shape != tensor.shape
+            or grad.dtype != tensor.dtype
+            or grad.device != tensor.device
+            or grad.layout != torch.strided
+            or not grad.is_contiguous()
+        ):
+            grad = tensor.grad = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        slots.append(grad)
+    return slots
 
 
 def _loss_weight(weight: Optional[torch.Tensor], batch: int, like: torch.Tensor) -> torch.Tensor:
@@ -150,7 +167,8 @@ def critic_update(
     target: torch.Tensor,
     weight: Optional[torch.Tensor],
     fused: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    td_error: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """One optimizer step of every critic on ``critic_loss(Q(obs, action), target, weight)``.
 
     Args:
@@ -161,9 +179,11 @@ def critic_update(
         target: The detached target.
         weight: Importance weights, or None.
         fused: Take the hand-written path (``fused_update_ok``).
+        td_error: Whether the TD error is wanted (prioritized replay); the hand-written path skips it otherwise.
 
     Returns:
-        ``(loss, td_error, q)`` as ``critic_loss`` and the critics give them (detached).
+        ``(loss, td_error, q)`` as ``critic_loss`` and the critics give them (detached; ``td_error`` may be None
+        when not asked for).
 
     Shapes:
         - obs: :math:`(B, *obs_shape)`; action: :math:`(B, A)`; target, weight, td_error: :math:`(B,)`
@@ -185,15 +205,24 @@ def critic_update(
         q = out.squeeze(-1)
         error = target.unsqueeze(0) - q  # (N, B), as critic_loss
         loss = weighted_mean(0.5 * error.square().sum(0), weight)
-        td_error = error.abs().mean(0)
-        grad_q = error.mul_(-_loss_weight(weight, q.shape[1], q))  # d loss / d q_ib = -(target_b - q_ib) w_b / B
+        errors = error.abs().mean(0) if td_error else None
+        # d loss / d q_ib = -(target_b - q_ib) w_b / B
+        grad_q = error.mul_(-1.0 / q.shape[1] if weight is None else -_loss_weight(weight, q.shape[1], q))
         every = [True] * len(weights)
-        _, weight_grads, bias_grads = batched_layers_backward(
-            grad_q.unsqueeze(-1), outputs, weights, critic.activation_name, every, every, False
+        slots = _grad_slots([*weights, *biases])
+        batched_layers_backward(
+            grad_q.unsqueeze(-1),
+            outputs,
+            weights,
+            critic.activation_name,
+            every,
+            every,
+            False,
+            slots[: len(weights)],
+            slots[len(weights) :],
         )
-    _set_grads([*weights, *biases], [*weight_grads, *bias_grads])
     optimizer.step()
-    return loss, td_error, q
+    return loss, errors, q
 
 
 @dataclass
@@ -217,10 +246,12 @@ def _critics_action_grad(model: QAC, run: _CriticPass, grad_q: torch.Tensor) -> 
     """``d loss / d action`` from ``d loss / d q`` (``(num, B)``), with no gradient for the critics' weights (an
     actor's loss), ``(B, A)``."""
     none = [False] * len(run.weights)
-    x_grad, _, _ = batched_layers_backward(
-        grad_q.unsqueeze(-1), run.outputs, run.weights, model.critic.activation_name, none, none, True
+    # the input's gradient through the first layer's action rows only: the observation's is not needed
+    first = run.weights[0]
+    weights = [first[:, first.shape[1] - model.action_dim :], *run.weights[1:]]
+    action_grad, _, _ = batched_layers_backward(
+        grad_q.unsqueeze(-1), run.outputs, weights, model.critic.activation_name, none, none, True
     )
-    action_grad = x_grad[:, :, x_grad.shape[-1] - model.action_dim :]
     return action_grad[0] if run.num == 1 else action_grad.sum(0)
 
 
@@ -264,8 +295,8 @@ def deterministic_actor_update(
         loss = weighted_mean(-run.q[0], weight)
         action_grad = _critics_action_grad(model, run, -_loss_weight(weight, flat.shape[0], flat).unsqueeze(0))
         out_grad = torch.ops.aten.tanh_backward(action_grad * model.action_scale, squashed)
-        _, grads = layers_backward(out_grad, acts, outputs, layer_params, [True] * len(layer_params), False)
-    _set_grads(layer_params, grads)
+        every = [True] * len(layer_params)
+        layers_backward(out_grad, acts, outputs, layer_params, every, False, _grad_slots(layer_params))
     optimizer.step()
     return loss
 
@@ -373,7 +404,7 @@ def sac_actor_update(
         log_sigma_grad = (u_grad * eps * sigma).sub_(logp_grad)
         log_sigma_grad.mul_((log_std >= LOG_STD_MIN) & (log_std <= LOG_STD_MAX))
         out_grad = torch.cat([u_grad, log_sigma_grad], dim=-1)
-        _, grads = layers_backward(out_grad, acts, sample.outputs, layer_params, [True] * len(layer_params), False)
-    _set_grads(layer_params, grads)
+        every = [True] * len(layer_params)
+        layers_backward(out_grad, acts, sample.outputs, layer_params, every, False, _grad_slots(layer_params))
     optimizer.step()
     return loss

@@ -127,7 +127,7 @@ class SACPolicy(CommonPolicy):
                 target_q, next_log_prob, alpha, reward, terminated, self._gamma, self._nstep, value_gamma
             )
         loss_critic, td_error, q = critic_update(
-            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused
+            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused, self._priority
         )
         # actor: maximize min_i Q_i(s, a) + alpha * entropy through the reparameterized action (updated critics)
         loss_actor = sac_actor_update(

@@ -97,7 +97,7 @@ class TD3Policy(CommonPolicy):
             target_q = qac_forward(agent, "target", pair, "compute_critic", fused)["q"]
             target = td3_critic_target(target_q, reward, terminated, self._gamma, self._nstep, value_gamma)
         loss_critic, td_error, q = critic_update(
-            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused
+            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused, self._priority
         )
         self._critic_steps += 1
         figures = dict(critic_loss=loss_critic, q_value=q.mean())

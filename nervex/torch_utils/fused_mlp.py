@@ -69,21 +69,39 @@ def layers_backward(
     weights: Sequence[torch.Tensor],
     needs: Sequence[bool],
     input_grad: bool,
+    out: Optional[Sequence[Optional[torch.Tensor]]] = None,
 ) -> Tuple[Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
-    """Gradients of one MLP from the gradient of its output: ``(grad of x or None, [gW1, gb1, ...])``."""
+    """Gradients of one MLP from the gradient of its output: ``(grad of x or None, [gW1, gb1, ...])``.
+
+    ``out``: per weight, a contiguous tensor of its shape to write its gradient into (``None``: a new tensor), so a
+    caller that keeps them (``.grad``) saves an allocation and a cold write per weight.
+    """
     weight_grads: List[Optional[torch.Tensor]] = [None] * len(weights)
+    dst = out if out is not None else [None] * len(weights)
     for i in reversed(range(len(acts))):
         g = _activation_backward(g, outputs[i + 1], acts[i])
         if needs[2 * i]:
             h = outputs[i]
             # a narrow input (an observation) makes a short last dimension, which MKL runs ~2x slower: transpose
-            wide = h.shape[1] * 16 <= g.shape[1]
-            weight_grads[2 * i] = h.t().mm(g).t().contiguous() if wide else g.t().mm(h)
+            if h.shape[1] * 16 <= g.shape[1]:
+                target = dst[2 * i]
+                weight_grads[2 * i] = (
+                    torch.mm(h.t(), g, out=target.t()).t() if target is not None else h.t().mm(g).t().contiguous()
+                )
+            else:
+                weight_grads[2 * i] = _into(torch.mm, dst[2 * i], g.t(), h)
         if needs[2 * i + 1]:
-            weight_grads[2 * i + 1] = g.sum(0)
+            weight_grads[2 * i + 1] = g.sum(0) if dst[2 * i + 1] is None else torch.sum(g, 0, out=dst[2 * i + 1])
         if i > 0 or input_grad:
-            g = g.mm(weights[2 * i])
+            weight = weights[2 * i]
+            # one output (a 1-D action): the product is an outer product, ~4x faster broadcast than as a matmul
+            g = g * weight if weight.shape[0] == 1 else g.mm(weight)
     return (g if input_grad else None), weight_grads
+
+
+def _into(op: Any, dst: Optional[torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+    """``op(*args)``, written into ``dst`` when one is given."""
+    return op(*args) if dst is None else op(*args, out=dst)
 
 
 class _MLPFunction(torch.autograd.Function):
@@ -250,6 +268,8 @@ def batched_layers_backward(
     needs_w: Sequence[bool],
     needs_b: Sequence[bool],
     input_grad: bool,
+    weights_out: Optional[Sequence[Optional[torch.Tensor]]] = None,
+    biases_out: Optional[Sequence[Optional[torch.Tensor]]] = None,
 ) -> Tuple[Optional[torch.Tensor], List[Optional[torch.Tensor]], List[Optional[torch.Tensor]]]:
     """Gradients of N MLPs (``batched_layers_forward``) from the gradient of their output, without autograd.
 
@@ -260,6 +280,8 @@ def batched_layers_backward(
         act: The hidden activation (``'relu'``, ``'tanh'`` or None).
         needs_w, needs_b: Per layer, whether the weight's and the bias's gradient is wanted.
         input_grad: Whether the input's gradient is wanted.
+        weights_out, biases_out: Per layer, a contiguous tensor of the weight's (bias's) shape to write its gradient
+            into, or None for a new tensor (as ``layers_backward``'s ``out``).
 
     Returns:
         ``(input's gradient per MLP or None, [weight gradient or None per layer], [bias gradient or None per layer])``.
@@ -271,19 +293,23 @@ def batched_layers_backward(
     n = len(weights)
     weight_grads: List[Optional[torch.Tensor]] = [None] * n
     bias_grads: List[Optional[torch.Tensor]] = [None] * n
+    w_dst = weights_out if weights_out is not None else [None] * n
+    b_dst = biases_out if biases_out is not None else [None] * n
     g = grad.contiguous()
     for k in reversed(range(n)):
         h_in, weight = outputs[k], weights[k]
         if k < n - 1:
             g = _activation_backward(g, outputs[k + 1], act)
         if needs_b[k]:
-            bias_grads[k] = g.sum(1, keepdim=True)
+            bias_grads[k] = g.sum(1, keepdim=True) if b_dst[k] is None else torch.sum(g, 1, keepdim=True, out=b_dst[k])
         width_one = weight.shape[-1] == 1
         if needs_w[k]:
             if width_one:  # as (N, 1, in): one output column is slow as the matmul's last dimension
-                weight_grads[k] = torch.bmm(g.transpose(1, 2), h_in).transpose(1, 2)
+                target = w_dst[k]
+                gw = _into(torch.bmm, None if target is None else target.transpose(1, 2), g.transpose(1, 2), h_in)
+                weight_grads[k] = gw.transpose(1, 2)
             else:
-                weight_grads[k] = torch.bmm(h_in.transpose(1, 2), g)
+                weight_grads[k] = _into(torch.bmm, w_dst[k], h_in.transpose(1, 2), g)
         if k > 0 or input_grad:
             g = g * weight.transpose(1, 2) if width_one else torch.bmm(g, weight.transpose(1, 2))
     return (g if input_grad else None), weight_grads, bias_grads

@@ -13,6 +13,7 @@ from nervex.torch_utils import TanhGaussianDist
 LOW, HIGH = [-1.0, 0.0], [3.0, 0.5]  # asymmetric: loc and scale differ per dimension
 MODEL = {"obs_dim": 3, "action_dim": 2, "action_low": LOW, "action_high": HIGH, "hidden_sizes": [32, 24]}
 CLASSES = {"ddpg": DDPGPolicy, "td3": TD3Policy, "sac": SACPolicy}
+PENDULUM_SHAPES = {"action_dim": 1, "action_low": [-2.0], "action_high": [2.0], "hidden_sizes": [64, 48]}
 
 
 def make(name, fused, model=None, **cfg):
@@ -21,12 +22,14 @@ def make(name, fused, model=None, **cfg):
     return CLASSES[name]({"policy_type": name, "model": {**MODEL, **(model or {})}, "learn": learn, **cfg})
 
 
-def batch(seed, size=16, nstep=1):
+def batch(seed, size=16, nstep=1, action_dim=2):
     g = torch.Generator().manual_seed(seed)
     return {
         "obs": torch.randn(size, 3, generator=g),
         "next_obs": torch.randn(size, 3, generator=g),
-        "action": torch.rand(size, 2, generator=g) * torch.tensor([4.0, 0.5]) + torch.tensor([-1.0, 0.0]),
+        "action": (torch.rand(size, 2, generator=g) * torch.tensor([4.0, 0.5]) + torch.tensor([-1.0, 0.0]))[
+            :, :action_dim
+        ],
         "reward": torch.randn(size, nstep, generator=g),
         # a terminal and a truncated (not terminal: it bootstraps) sample in the same batch
         "terminated": torch.tensor([True, False, False, False] * (size // 4)),
@@ -39,7 +42,7 @@ def run_updates(policy, steps=4, nstep=1):
     infos = []
     for i in range(steps):
         torch.manual_seed(100 + i)  # the same noise draws on both paths
-        infos.append(policy.learn_mode.forward(batch(seed=i, nstep=nstep)))
+        infos.append(policy.learn_mode.forward(batch(seed=i, nstep=nstep, action_dim=policy.model.action_dim)))
     return infos
 
 
@@ -51,6 +54,10 @@ CASES = [
     ("sac", {}),
     ("sac", {"priority": True, "nstep": 3, "learn": {"auto_alpha": False, "alpha": 0.2}}),
     ("sac", {"model": {"critic_num": 3, "activation": "tanh"}}),
+    # Pendulum's shapes: a 1-D action (outer products instead of matmuls) and an input narrow against the hidden
+    # width (the transposed weight gradient)
+    ("td3", {"model": PENDULUM_SHAPES, "learn": {"actor_update_freq": 1}}),
+    ("sac", {"model": PENDULUM_SHAPES}),
 ]
 
 
@@ -97,6 +104,31 @@ def test_the_actor_step_climbs_the_critic_it_follows(name):
         old_action = model.action_loc + model.action_scale * torch.tanh(old_actor(data["obs"]))
         old_q = model.compute_critic(data["obs"], old_action, critics=1)["q"]
     assert new_q.mean() > old_q.mean()
+
+
+def test_the_hand_written_step_reuses_each_gradient_tensor_and_replaces_one_that_does_not_fit():
+    """The gradients are written into last step's ``.grad`` (no new tensor per step); a ``.grad`` left unfit by
+    someone else (wrong dtype, non-contiguous) or cleared by ``zero_grad`` is replaced, and the step still equals
+    autograd's."""
+    fused, plain = make("td3", True, learn={"actor_update_freq": 1}), make("td3", False, learn={"actor_update_freq": 1})
+    critic_w = fused.model.critic.weights[1]
+    torch.manual_seed(100)  # the same smoothing noise on both paths
+    fused.learn_mode.forward(batch(seed=0))
+    first = critic_w.grad
+    torch.manual_seed(101)
+    fused.learn_mode.forward(batch(seed=1))
+    assert critic_w.grad is first  # overwritten in place
+    actor_w = fused.model.actor.layers[0][0].weight
+    actor_w.grad = torch.zeros(actor_w.shape[1], actor_w.shape[0]).t()  # the right shape, not contiguous
+    critic_w.grad = None  # as zero_grad(set_to_none=True) leaves it
+    torch.manual_seed(102)
+    fused.learn_mode.forward(batch(seed=2))
+    assert actor_w.grad.is_contiguous() and critic_w.grad is not None and critic_w.grad is not first
+    for i in range(3):
+        torch.manual_seed(100 + i)
+        plain.learn_mode.forward(batch(seed=i))
+    for a, b in zip(fused.model.parameters(), plain.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_gradient_hooks_and_other_models_take_autograd():

@@ -8,7 +8,16 @@ import torch
 import torch.nn as nn
 
 from nervex.torch_utils import MLP, Adam, clip_grad_norm
-from nervex.torch_utils.fused_mlp import _MLPFunction, batched_mlps_forward, mlp_forward, tanh_
+from nervex.torch_utils.fused_mlp import (
+    _MLPFunction,
+    batched_layers_backward,
+    batched_layers_forward,
+    batched_mlps_forward,
+    layers_backward,
+    layers_forward,
+    mlp_forward,
+    tanh_,
+)
 
 
 def reference(mlp: MLP, x: torch.Tensor) -> torch.Tensor:
@@ -33,6 +42,46 @@ def test_forward_and_gradients_equal_autograd(activation, out_dim):
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-6)
     for p, q in zip(mlp.parameters(), twin.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("in_dim,out_dim", [(3, 1), (40, 5)])
+def test_layers_backward_into_given_tensors_equals_new_ones_and_autograd(in_dim, out_dim):
+    """``layers_backward`` writing into given gradient tensors gives what it returns without them and what autograd
+    gives, on a narrow input (3 against 64: the transposed weight gradient) with a 1-D output (outer products)."""
+    torch.manual_seed(3)
+    mlp = MLP(in_dim, [64, 64], out_dim=out_dim, activation="relu")
+    acts, params = mlp.fused_params()
+    x = torch.randn(32, in_dim)
+    g = torch.randn(32, out_dim)
+    with torch.no_grad():
+        outputs = layers_forward(x, acts, params)
+        every = [True] * len(params)
+        x_new, new = layers_backward(g, acts, outputs, params, every, True)
+        slots = [torch.full_like(p, float("nan")) for p in params]
+        x_into, into = layers_backward(g, acts, outputs, params, every, True, slots)
+    x_ref = x.clone().requires_grad_(True)
+    (reference(mlp, x_ref) * g).sum().backward()
+    torch.testing.assert_close(x_into, x_ref.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x_new, x_into)
+    for slot, got, fresh, p in zip(slots, into, new, params):
+        assert got.data_ptr() == slot.data_ptr()
+        torch.testing.assert_close(slot, fresh)
+        torch.testing.assert_close(slot, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_batched_layers_backward_into_given_tensors_equals_new_ones():
+    torch.manual_seed(4)
+    weights = [torch.randn(2, 4, 16), torch.randn(2, 16, 1)]
+    biases = [torch.randn(2, 1, 16), torch.randn(2, 1, 1)]
+    h = torch.randn(2, 8, 4)
+    outputs, out = batched_layers_forward(h, "relu", weights, biases)
+    grad = torch.randn_like(out)
+    every = [True, True]
+    _, w_new, b_new = batched_layers_backward(grad, outputs, weights, "relu", every, every, False)
+    w_slots, b_slots = [torch.empty_like(w) for w in weights], [torch.empty_like(b) for b in biases]
+    batched_layers_backward(grad, outputs, weights, "relu", every, every, False, w_slots, b_slots)
+    for slot, fresh in zip(w_slots + b_slots, w_new + b_new):
+        torch.testing.assert_close(slot, fresh)
 
 
 @pytest.mark.parametrize("acts", [("tanh", "tanh", None), ("relu", None)])
