@@ -90,9 +90,11 @@ def fused_update_ok(model: torch.nn.Module, tensors: Sequence[torch.Tensor]) -> 
 
 def _grad_slots(tensors: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
     """Where the hand-written backward writes each tensor's gradient: its ``.grad`` from the last step when that fits
-    (same shape, dtype and device, dense and contiguous), else a new tensor set as ``.grad``; None for a tensor that
-    does not require a gradient (its gradient is computed and dropped). Overwritten whole, ``.grad`` ends as
-    ``zero_grad(); loss.backward()`` leaves it, without allocating and first-touching a new tensor per step."""
+    (same shape, dtype and device, dense and contiguous: ``param.data = ...`` can leave one that does not), else a new
+    tensor set as ``.grad``; None for a tensor that does not require a gradient (its gradient is computed and
+    dropped). Overwritten whole, ``.grad`` ends as ``zero_grad(); loss.backward()`` leaves it, without a new tensor
+    per step (a caller that kept last step's ``.grad`` sees it overwritten, as with ``zero_grad(set_to_none=False)``).
+    """
     slots: List[Optional[torch.Tensor]] = []
     for tensor in tensors:
         if not tensor.requires_grad:
@@ -110,6 +112,11 @@ def _grad_slots(tensors: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]
             grad = tensor.grad = torch.empty_like(tensor, memory_format=torch.contiguous_format)
         slots.append(grad)
     return slots
+
+
+def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor.to(dtype)`` without the call (~2 us even when it does nothing) when it already is."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def _loss_weight(weight: Optional[torch.Tensor], batch: int, like: torch.Tensor) -> torch.Tensor:
@@ -148,7 +155,7 @@ def qac_forward(agent: Agent, name: str, data: Any, mode: str, fused: bool) -> D
     with torch.no_grad():
         if mode == "compute_critic":
             flat = model.flatten_obs(data["obs"])
-            x = torch.cat([flat, data["action"].to(flat.dtype)], dim=-1)
+            x = torch.cat([flat, _as_dtype(data["action"], flat.dtype)], dim=-1)
             weights, biases = model.critic.layer_params()
             h = x.expand(model.critic.num, *x.shape)
             return {"q": batched_layers_forward(h, model.critic.activation_name, weights, biases)[1].squeeze(-1)}
@@ -200,10 +207,10 @@ def critic_update(
     weights, biases = critic.layer_params()
     with torch.no_grad():
         flat = model.flatten_obs(obs)
-        x = torch.cat([flat, action.to(flat.dtype)], dim=-1)
+        x = torch.cat([flat, _as_dtype(action, flat.dtype)], dim=-1)
         outputs, out = batched_layers_forward(x.expand(critic.num, *x.shape), critic.activation_name, weights, biases)
         q = out.squeeze(-1)
-        error = target.unsqueeze(0) - q  # (N, B), as critic_loss
+        error = target - q  # (N, B), as critic_loss
         loss = weighted_mean(0.5 * error.square().sum(0), weight)
         errors = error.abs().mean(0) if td_error else None
         # d loss / d q_ib = -(target_b - q_ib) w_b / B
