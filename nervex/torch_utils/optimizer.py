@@ -286,14 +286,15 @@ class Adam(torch.optim.Adam):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        params = self._params_with_grad()
-        if self._should_ignore([p.grad for p in params]):
-            self.ignored_steps += 1
-            return loss
-        if self.grad_clip_type == "clip_norm" and params:
-            clip_grad_norm(params, self.clip_value)
-        elif self.grad_clip_type == "clip_value" and params:
-            torch.nn.utils.clip_grad_value_(params, self.clip_value)
+        if self.grad_ignore_type is not None or self.grad_clip_type is not None:
+            params = self._params_with_grad()
+            if self._should_ignore([p.grad for p in params]):
+                self.ignored_steps += 1
+                return loss
+            if self.grad_clip_type == "clip_norm" and params:
+                clip_grad_norm(params, self.clip_value)
+            elif self.grad_clip_type == "clip_value" and params:
+                torch.nn.utils.clip_grad_value_(params, self.clip_value)
         if not self._lean_step():
             _torch_adam_step(self)
         return loss
