@@ -285,7 +285,9 @@ def test_killed_and_stopped_actors_lose_and_duplicate_nothing(tmp_path):
         "system.coordinator.heartbeat_s=0.5",
         "system.coordinator.n_sample=1000",  # a task collects for a while: kills land mid-collection
         "system.coordinator.samples_per_insert=null",
-        "max_env_step=8000",
+        # room for more tasks than the failed actors can hold (each holds up to two leases): the run must not reach
+        # max_env_step before the stopped actor's task is leased again
+        "max_env_step=16000",
         "evaluator.stop_val=100000",
     )
     with Roles(run_dir, DQN, *overrides) as roles:
@@ -309,8 +311,15 @@ def test_killed_and_stopped_actors_lose_and_duplicate_nothing(tmp_path):
         _wait(marker.exists, 60, "the silent actor's samples file")
         os.kill(silent.pid, signal.SIGKILL)
         unreported = marker.read_text()
+        # the replacement actor starts once the stopped actor's lease has run out: it takes the oldest pending tasks
+        # first, that one among them (started earlier, it could fill the run with new tasks before the expiry)
+        _wait(
+            lambda: _attempts(run_dir, held["stopped"]) > 1 or _state(run_dir, held["stopped"]) == "pending",
+            30,
+            "the stopped actor's lease running out",
+        )
         roles.start("actor", "--index", "3")
-        _wait(lambda: _attempts(run_dir, held["stopped"]) > 1, 30, "the stopped actor's task leased again")
+        _wait(lambda: _attempts(run_dir, held["stopped"]) > 1, 60, "the stopped actor's task leased again")
         _wait(lambda: _state(run_dir, held["stopped"]) == "done", 60, "the stopped actor's task done by another")
         os.kill(stopped.pid, signal.SIGCONT)
         assert learner.wait(timeout=240) == 0
