@@ -73,8 +73,8 @@ def layers_backward(
 ) -> Tuple[Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
     """Gradients of one MLP from the gradient of its output: ``(grad of x or None, [gW1, gb1, ...])``.
 
-    ``out``: per weight, a contiguous tensor of its shape to write its gradient into (``None``: a new tensor), so a
-    caller that keeps them (``.grad``) saves an allocation and a cold write per weight.
+    ``out``: per tensor of ``weights`` (weights and biases), a contiguous tensor of its shape to write its gradient
+    into (``None``: a new tensor), so a caller that keeps them (``.grad``) saves an allocation per tensor and step.
     """
     weight_grads: List[Optional[torch.Tensor]] = [None] * len(weights)
     dst = out if out is not None else [None] * len(weights)
