@@ -114,11 +114,6 @@ def _grad_slots(tensors: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]
     return slots
 
 
-def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``tensor.to(dtype)`` without the call (~2 us even when it does nothing) when it already is."""
-    return tensor if tensor.dtype == dtype else tensor.to(dtype)
-
-
 def _loss_weight(weight: Optional[torch.Tensor], batch: int, like: torch.Tensor) -> torch.Tensor:
     """``d weighted_mean(x, weight) / dx``: ``weight / B`` (``1 / B`` without weights), ``(B,)``."""
     if weight is None:
@@ -131,6 +126,29 @@ def _actor_layers(actor: MLP) -> Tuple[Tuple[Optional[str], ...], List[torch.Ten
     if params is None:
         raise ValueError("fused_ac: the actor MLP does not run fused (see fused_update_ok)")
     return params
+
+
+# ---- the critics' forward without a graph ---------------------------------------------------------------------------
+@dataclass
+class _CriticPass:
+    """The first ``num`` critics run forward at ``[obs, action]``, with the activations their backward reads."""
+
+    q: torch.Tensor  # (num, B)
+    outputs: List[torch.Tensor]
+    weights: List[torch.Tensor]
+    num: int
+
+
+def _critics_forward(model: QAC, x: torch.Tensor, num: Optional[int] = None) -> _CriticPass:
+    """The first ``num`` critics (all by default) on the critics' input ``x`` (``QAC.critic_input``), no graph."""
+    critic = model.critic
+    weights, biases = critic.layer_params()
+    if num is None:
+        num = critic.num
+    elif num < critic.num:
+        weights, biases = [w[:num] for w in weights], [b[:num] for b in biases]
+    outputs, out = batched_layers_forward(x.expand(num, *x.shape), critic.activation_name, weights, biases)
+    return _CriticPass(out.squeeze(-1), outputs, weights, num)
 
 
 # ---- evaluations without a gradient (targets) -----------------------------------------------------------------------
@@ -154,11 +172,7 @@ def qac_forward(agent: Agent, name: str, data: Any, mode: str, fused: bool) -> D
     model = agent.get_model(name)
     with torch.no_grad():
         if mode == "compute_critic":
-            flat = model.flatten_obs(data["obs"])
-            x = torch.cat([flat, _as_dtype(data["action"], flat.dtype)], dim=-1)
-            weights, biases = model.critic.layer_params()
-            h = x.expand(model.critic.num, *x.shape)
-            return {"q": batched_layers_forward(h, model.critic.activation_name, weights, biases)[1].squeeze(-1)}
+            return {"q": _critics_forward(model, model.critic_input(data["obs"], data["action"])).q}
         acts, layer_params = _actor_layers(model.actor)
         out = layers_forward(model.flatten_obs(data), acts, layer_params)[-1]
         return model.actor_head(out)
@@ -203,13 +217,10 @@ def critic_update(
         loss.backward()
         optimizer.step()
         return loss.detach(), td_error, q.detach()
-    critic = model.critic
-    weights, biases = critic.layer_params()
+    weights, biases = model.critic.layer_params()
     with torch.no_grad():
-        flat = model.flatten_obs(obs)
-        x = torch.cat([flat, _as_dtype(action, flat.dtype)], dim=-1)
-        outputs, out = batched_layers_forward(x.expand(critic.num, *x.shape), critic.activation_name, weights, biases)
-        q = out.squeeze(-1)
+        run = _critics_forward(model, model.critic_input(obs, action))
+        q = run.q
         error = target - q  # (N, B), as critic_loss
         loss = weighted_mean(0.5 * error.square().sum(0), weight)
         errors = error.abs().mean(0) if td_error else None
@@ -219,9 +230,9 @@ def critic_update(
         slots = _grad_slots([*weights, *biases])
         batched_layers_backward(
             grad_q.unsqueeze(-1),
-            outputs,
+            run.outputs,
             weights,
-            critic.activation_name,
+            model.critic.activation_name,
             every,
             every,
             False,
@@ -230,23 +241,6 @@ def critic_update(
         )
     optimizer.step()
     return loss, errors, q
-
-
-@dataclass
-class _CriticPass:
-    """The first ``num`` critics run forward at ``[obs, action]``, with the activations their backward reads."""
-
-    q: torch.Tensor  # (num, B)
-    outputs: List[torch.Tensor]
-    weights: List[torch.Tensor]
-    num: int
-
-
-def _critics_forward(model: QAC, x: torch.Tensor, num: int) -> _CriticPass:
-    weights, biases = model.critic.layer_params()
-    weights, biases = [w[:num] for w in weights], [b[:num] for b in biases]
-    outputs, out = batched_layers_forward(x.expand(num, *x.shape), model.critic.activation_name, weights, biases)
-    return _CriticPass(out.squeeze(-1), outputs, weights, num)
 
 
 def _critics_action_grad(model: QAC, run: _CriticPass, grad_q: torch.Tensor) -> torch.Tensor:
@@ -396,7 +390,7 @@ def sac_actor_update(
     with torch.no_grad():
         flat, eps, u, sigma = sample.flat_obs, sample.eps, sample.u, sample.sigma
         w = _loss_weight(weight, flat.shape[0], flat)  # d loss / d (a sample's term)
-        run = _critics_forward(model, torch.cat([flat, sample.action], dim=-1), model.critic.num)
+        run = _critics_forward(model, torch.cat([flat, sample.action], dim=-1))
         q_min, index = run.q.min(dim=0)  # critic_min: the gradient reaches the smallest critic of each sample
         loss = weighted_mean(alpha * sample.log_prob - q_min, weight)
         grad_q = torch.zeros_like(run.q).scatter_(0, index.unsqueeze(0), -w.unsqueeze(0))

@@ -176,3 +176,14 @@ def test_rsample_with_noise_returns_the_draw_behind_the_action():
     torch.testing.assert_close(u, mu + log_sigma.exp() * eps)
     loc, scale = (torch.tensor(HIGH) + torch.tensor(LOW)) / 2, (torch.tensor(HIGH) - torch.tensor(LOW)) / 2
     torch.testing.assert_close(action, loc + scale * torch.tanh(u))
+
+
+def test_the_hand_written_step_refuses_a_misshapen_action_as_the_model_does():
+    """The fused critic step reads its input through ``QAC.critic_input``: a batch whose actions have the wrong width
+    gets the model's error, naming the shapes, on both paths."""
+    for fused in (True, False):
+        policy = make("td3", fused)
+        data = batch(seed=0)
+        data["action"] = data["action"][:, :1]
+        with pytest.raises(ValueError, match=r"action has shape \(16, 1\); expected \(16, 2\)"):
+            policy.learn_mode.forward(data)
