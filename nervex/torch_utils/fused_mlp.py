@@ -41,11 +41,16 @@ def _activate_(h: torch.Tensor, act: Optional[str]) -> torch.Tensor:
     return h
 
 
-def _activation_backward(g: torch.Tensor, h: torch.Tensor, act: Optional[str]) -> torch.Tensor:
-    """The gradient before an activation from the one after it and the activation's output ``h``."""
-    if act == "tanh":
-        return torch.ops.aten.tanh_backward(g, h)  # g * (1 - h^2)
+def _activation_backward(g: torch.Tensor, h: torch.Tensor, act: Optional[str], inplace: bool = False) -> torch.Tensor:
+    """The gradient before an activation from the one after it and the activation's output ``h``; ``inplace``
+    writes it over ``g`` (a temporary of the backward's own: no new tensor, and its memory is already in cache)."""
+    if act == "tanh":  # g * (1 - h^2)
+        if inplace:
+            return torch.ops.aten.tanh_backward.grad_input(g, h, grad_input=g)
+        return torch.ops.aten.tanh_backward(g, h)
     if act == "relu":
+        if inplace:
+            return torch.ops.aten.threshold_backward.grad_input(g, h, 0, grad_input=g)
         return torch.ops.aten.threshold_backward(g, h, 0)
     return g
 
@@ -78,8 +83,10 @@ def layers_backward(
     """
     weight_grads: List[Optional[torch.Tensor]] = [None] * len(weights)
     dst = out if out is not None else [None] * len(weights)
+    last = len(acts) - 1
     for i in reversed(range(len(acts))):
-        g = _activation_backward(g, outputs[i + 1], acts[i])
+        # the output layer's gradient is the caller's tensor; every one below is this loop's own matmul result
+        g = _activation_backward(g, outputs[i + 1], acts[i], inplace=i < last)
         if needs[2 * i]:
             h = outputs[i]
             # a narrow input (an observation) makes a short last dimension, which MKL runs ~2x slower: transpose
@@ -298,8 +305,8 @@ def batched_layers_backward(
     g = grad.contiguous()
     for k in reversed(range(n)):
         h_in, weight = outputs[k], weights[k]
-        if k < n - 1:
-            g = _activation_backward(g, outputs[k + 1], act)
+        if k < n - 1:  # g is this loop's own matmul result here: overwritten in place
+            g = _activation_backward(g, outputs[k + 1], act, inplace=True)
         if needs_b[k]:
             bias_grads[k] = g.sum(1, keepdim=True) if b_dst[k] is None else torch.sum(g, 1, keepdim=True, out=b_dst[k])
         width_one = weight.shape[-1] == 1

@@ -84,6 +84,41 @@ def test_batched_layers_backward_into_given_tensors_equals_new_ones():
         torch.testing.assert_close(slot, fresh)
 
 
+@pytest.mark.parametrize("act", ["tanh", "relu"])
+def test_backwards_write_over_their_own_temporaries_only(act):
+    """The activation backward runs in place on the loop's own matmul results: the caller's output gradient (with
+    an activation on the output layer too) and the saved activations come back unchanged, and the result still
+    equals autograd's."""
+    torch.manual_seed(5)
+    weights = [torch.randn(16, 3), torch.randn(16, 16), torch.randn(2, 16)]
+    biases = [torch.randn(16), torch.randn(16), torch.randn(2)]
+    params = [t for pair in zip(weights, biases) for t in pair]
+    acts = (act, act, act)
+    x, g = torch.randn(8, 3), torch.randn(8, 2)
+    outputs = layers_forward(x, acts, params)
+    kept_g, kept_outputs = g.clone(), [h.clone() for h in outputs]
+    x_grad, _ = layers_backward(g, acts, outputs, params, [True] * 6, True)
+    assert torch.equal(g, kept_g)
+    assert all(torch.equal(h, k) for h, k in zip(outputs, kept_outputs))
+    x_ref = x.clone().requires_grad_(True)
+    h = x_ref
+    for i in range(3):
+        h = torch.nn.functional.linear(h, weights[i], biases[i])
+        h = torch.tanh(h) if act == "tanh" else torch.relu(h)
+    (h * g).sum().backward()
+    torch.testing.assert_close(x_grad, x_ref.grad, rtol=1e-5, atol=1e-6)
+
+    stacked = [torch.randn(2, 4, 16), torch.randn(2, 16, 16), torch.randn(2, 16, 1)]
+    stacked_b = [torch.randn(2, 1, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 1)]
+    outputs, out = batched_layers_forward(torch.randn(2, 8, 4), act, stacked, stacked_b)
+    grad = torch.randn_like(out)
+    kept_grad, kept_outputs = grad.clone(), [h.clone() for h in outputs]
+    every = [True] * 3
+    batched_layers_backward(grad, outputs, stacked, act, every, every, True)
+    assert torch.equal(grad, kept_grad)
+    assert all(torch.equal(h, k) for h, k in zip(outputs, kept_outputs))
+
+
 @pytest.mark.parametrize("acts", [("tanh", "tanh", None), ("relu", None)])
 def test_gradcheck_in_float64(acts):
     torch.manual_seed(1)
