@@ -238,6 +238,7 @@ def critic_update(
             False,
             slots[: len(weights)],
             slots[len(weights) :],
+            consume=True,
         )
     optimizer.step()
     return loss, errors, q
@@ -251,7 +252,7 @@ def _critics_action_grad(model: QAC, run: _CriticPass, grad_q: torch.Tensor) -> 
     first = run.weights[0]
     weights = [first[:, first.shape[1] - model.action_dim :], *run.weights[1:]]
     action_grad, _, _ = batched_layers_backward(
-        grad_q.unsqueeze(-1), run.outputs, weights, model.critic.activation_name, none, none, True
+        grad_q.unsqueeze(-1), run.outputs, weights, model.critic.activation_name, none, none, True, consume=True
     )
     return action_grad[0] if run.num == 1 else action_grad.sum(0)
 
@@ -297,7 +298,7 @@ def deterministic_actor_update(
         action_grad = _critics_action_grad(model, run, -_loss_weight(weight, flat.shape[0], flat).unsqueeze(0))
         out_grad = torch.ops.aten.tanh_backward(action_grad * model.action_scale, squashed)
         every = [True] * len(layer_params)
-        layers_backward(out_grad, acts, outputs, layer_params, every, False, _grad_slots(layer_params))
+        layers_backward(out_grad, acts, outputs, layer_params, every, False, _grad_slots(layer_params), consume=True)
     optimizer.step()
     return loss
 
@@ -406,6 +407,8 @@ def sac_actor_update(
         log_sigma_grad.mul_((log_std >= LOG_STD_MIN) & (log_std <= LOG_STD_MAX))
         out_grad = torch.cat([u_grad, log_sigma_grad], dim=-1)
         every = [True] * len(layer_params)
-        layers_backward(out_grad, acts, sample.outputs, layer_params, every, False, _grad_slots(layer_params))
+        layers_backward(
+            out_grad, acts, sample.outputs, layer_params, every, False, _grad_slots(layer_params), consume=True
+        )
     optimizer.step()
     return loss

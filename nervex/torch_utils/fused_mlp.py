@@ -75,18 +75,26 @@ def layers_backward(
     needs: Sequence[bool],
     input_grad: bool,
     out: Optional[Sequence[Optional[torch.Tensor]]] = None,
+    consume: bool = False,
 ) -> Tuple[Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
     """Gradients of one MLP from the gradient of its output: ``(grad of x or None, [gW1, gb1, ...])``.
 
     ``out``: per tensor of ``weights`` (weights and biases), a contiguous tensor of its shape to write its gradient
     into (``None``: a new tensor), so a caller that keeps them (``.grad``) saves an allocation per tensor and step.
+
+    ``consume``: the hidden activations ``outputs[1:-1]`` are not needed after this call, so each one, once its
+    activation's backward has read it, takes the gradient of the layer's input where the shapes match (a
+    ``[256, 256]`` trunk: one new ``(B, 256)`` tensor less, written into memory that is still in cache). The
+    activations' values are lost; never set it on tensors an autograd graph saved.
     """
     weight_grads: List[Optional[torch.Tensor]] = [None] * len(weights)
     dst = out if out is not None else [None] * len(weights)
     last = len(acts) - 1
+    untracked = _untracked(g, outputs, weights)
+    consume = consume and untracked
     for i in reversed(range(len(acts))):
         # the output layer's gradient is the caller's tensor; every one below is this loop's own matmul result
-        g = _activation_backward(g, outputs[i + 1], acts[i], inplace=i < last)
+        g = _activation_backward(g, outputs[i + 1], acts[i], inplace=untracked and i < last)
         if needs[2 * i]:
             h = outputs[i]
             # a narrow input (an observation) makes a short last dimension, which MKL runs ~2x slower: transpose
@@ -102,8 +110,32 @@ def layers_backward(
         if i > 0 or input_grad:
             weight = weights[2 * i]
             # one output (a 1-D action): the product is an outer product, ~4x faster broadcast than as a matmul
-            g = g * weight if weight.shape[0] == 1 else g.mm(weight)
+            if weight.shape[0] == 1:
+                g = g * weight
+            else:
+                spent = outputs[i + 1] if consume and i < last else None
+                g = g.mm(weight) if not _fits(spent, g.shape[0], weight.shape[1], g) else torch.mm(g, weight, out=spent)
     return (g if input_grad else None), weight_grads
+
+
+def _untracked(g: torch.Tensor, outputs: Sequence[torch.Tensor], weights: Sequence[torch.Tensor]) -> bool:
+    """Whether autograd records none of the backward's ops (in-place and ``out=`` writes need that): grad mode off,
+    as in ``autograd.Function.backward`` and the hand-written steps, or no tensor requiring a gradient."""
+    if not torch.is_grad_enabled():
+        return True
+    return not any(t.requires_grad for t in (g, *outputs, *weights))
+
+
+def _fits(spent: Optional[torch.Tensor], rows: int, cols: int, like: torch.Tensor, batch: Optional[int] = None) -> bool:
+    """Whether the spent activation ``spent`` can take a ``(rows, cols)`` (``(batch, rows, cols)``) result."""
+    shape = (rows, cols) if batch is None else (batch, rows, cols)
+    return (
+        spent is not None
+        and tuple(spent.shape) == shape
+        and spent.dtype == like.dtype
+        and spent.device == like.device
+        and spent.is_contiguous()
+    )
 
 
 def _into(op: Any, dst: Optional[torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
@@ -277,6 +309,7 @@ def batched_layers_backward(
     input_grad: bool,
     weights_out: Optional[Sequence[Optional[torch.Tensor]]] = None,
     biases_out: Optional[Sequence[Optional[torch.Tensor]]] = None,
+    consume: bool = False,
 ) -> Tuple[Optional[torch.Tensor], List[Optional[torch.Tensor]], List[Optional[torch.Tensor]]]:
     """Gradients of N MLPs (``batched_layers_forward``) from the gradient of their output, without autograd.
 
@@ -289,6 +322,7 @@ def batched_layers_backward(
         input_grad: Whether the input's gradient is wanted.
         weights_out, biases_out: Per layer, a contiguous tensor of the weight's (bias's) shape to write its gradient
             into, or None for a new tensor (as ``layers_backward``'s ``out``).
+        consume: The hidden activations ``outputs[1:]`` may be overwritten (as ``layers_backward``'s ``consume``).
 
     Returns:
         ``(input's gradient per MLP or None, [weight gradient or None per layer], [bias gradient or None per layer])``.
@@ -303,10 +337,12 @@ def batched_layers_backward(
     w_dst = weights_out if weights_out is not None else [None] * n
     b_dst = biases_out if biases_out is not None else [None] * n
     g = grad.contiguous()
+    untracked = _untracked(g, outputs, weights)
+    consume = consume and untracked
     for k in reversed(range(n)):
         h_in, weight = outputs[k], weights[k]
         if k < n - 1:  # g is this loop's own matmul result here: overwritten in place
-            g = _activation_backward(g, outputs[k + 1], act, inplace=True)
+            g = _activation_backward(g, outputs[k + 1], act, inplace=untracked)
         if needs_b[k]:
             bias_grads[k] = g.sum(1, keepdim=True) if b_dst[k] is None else torch.sum(g, 1, keepdim=True, out=b_dst[k])
         width_one = weight.shape[-1] == 1
@@ -318,7 +354,12 @@ def batched_layers_backward(
             else:
                 weight_grads[k] = _into(torch.bmm, w_dst[k], h_in.transpose(1, 2), g)
         if k > 0 or input_grad:
-            g = g * weight.transpose(1, 2) if width_one else torch.bmm(g, weight.transpose(1, 2))
+            if width_one:
+                g = g * weight.transpose(1, 2)
+            else:
+                spent = outputs[k + 1] if consume and k < n - 1 else None
+                fits = _fits(spent, g.shape[1], weight.shape[1], g, g.shape[0])
+                g = torch.bmm(g, weight.transpose(1, 2), out=spent) if fits else torch.bmm(g, weight.transpose(1, 2))
     return (g if input_grad else None), weight_grads, bias_grads
 
 

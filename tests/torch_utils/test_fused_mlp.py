@@ -119,6 +119,49 @@ def test_backwards_write_over_their_own_temporaries_only(act):
     assert all(torch.equal(h, k) for h, k in zip(outputs, kept_outputs))
 
 
+@pytest.mark.parametrize("act", ["tanh", "relu"])
+def test_consumed_activations_give_the_same_gradients(act):
+    """``consume=True`` writes input gradients over spent hidden activations of matching shape (the [64, 64] trunk's
+    second layer) and returns what the non-consuming backward returns; a layer of another width gets a new tensor."""
+    torch.manual_seed(6)
+    mlp = MLP(5, [64, 64, 32], out_dim=2, activation=act)
+    acts, params = mlp.fused_params()
+    x, g = torch.randn(16, 5), torch.randn(16, 2)
+    every = [True] * len(params)
+    # where autograd would record the ops (grad mode on, parameters requiring grad) nothing is overwritten
+    tracked = layers_forward(x, acts, params)
+    before = [h.detach().clone() for h in tracked]
+    x_tracked, _ = layers_backward(g, acts, tracked, params, every, True, consume=True)
+    assert all(torch.equal(h, b) for h, b in zip(tracked, before))
+    with torch.no_grad():
+        outputs = layers_forward(x, acts, params)
+        x_plain, plain = layers_backward(g, acts, outputs, params, every, True)
+        x_eaten, eaten = layers_backward(g, acts, [h.clone() for h in outputs], params, every, True, consume=True)
+        kept = layers_forward(x, acts, params)
+        x_kept, _ = layers_backward(g, acts, kept, params, every, True, consume=True)
+        assert not torch.equal(kept[2], layers_forward(x, acts, params)[2])  # h_2 (64 wide, fed to a 64 x 64 layer)
+        assert torch.equal(kept[3], layers_forward(x, acts, params)[3])  # h_3 is 32 wide: no (B, 64) result fits it
+        torch.testing.assert_close(x_eaten, x_plain)
+        torch.testing.assert_close(x_kept, x_plain)
+        torch.testing.assert_close(x_tracked, x_plain)
+        for a, b in zip(eaten, plain):
+            torch.testing.assert_close(a, b)
+
+        weights = [torch.randn(2, 4, 16), torch.randn(2, 16, 16), torch.randn(2, 16, 1)]
+        biases = [torch.randn(2, 1, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 1)]
+        h = torch.randn(2, 8, 4)
+        outputs, out = batched_layers_forward(h, act, weights, biases)
+        grad = torch.randn_like(out)
+        every = [True] * 3
+        x_plain, w_plain, b_plain = batched_layers_backward(grad, outputs, weights, act, every, every, True)
+        kept = [o.clone() for o in outputs]
+        x_eaten, w_eaten, b_eaten = batched_layers_backward(grad, kept, weights, act, every, every, True, consume=True)
+        assert not torch.equal(kept[2], outputs[2]) and torch.equal(kept[0], outputs[0])
+        torch.testing.assert_close(x_eaten, x_plain)
+        for a, b in zip(w_eaten + b_eaten, w_plain + b_plain):
+            torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("acts", [("tanh", "tanh", None), ("relu", None)])
 def test_gradcheck_in_float64(acts):
     torch.manual_seed(1)
