@@ -97,12 +97,12 @@ def layers_backward(
         g = _activation_backward(g, outputs[i + 1], acts[i], inplace=untracked and i < last)
         if needs[2 * i]:
             h = outputs[i]
-            # a narrow input (an observation) makes a short last dimension, which MKL runs ~2x slower: transpose
+            # a narrow input (an observation) makes a short last dimension, which MKL runs ~2x slower: computed as
+            # (in, out) and copied over. Not out=target.t(): torch runs a transposed out= as the slow product again
             if h.shape[1] * 16 <= g.shape[1]:
                 target = dst[2 * i]
-                weight_grads[2 * i] = (
-                    torch.mm(h.t(), g, out=target.t()).t() if target is not None else h.t().mm(g).t().contiguous()
-                )
+                product = h.t().mm(g).t()
+                weight_grads[2 * i] = product.contiguous() if target is None else target.copy_(product)
             else:
                 weight_grads[2 * i] = _into(torch.mm, dst[2 * i], g.t(), h)
         if needs[2 * i + 1]:
