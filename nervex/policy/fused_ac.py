@@ -370,7 +370,8 @@ def sac_actor_update(
     Args:
         agent, model, weight, fused: As for :func:`critic_update`.
         optimizer, params: The actor's optimizer and parameters.
-        sample: From :func:`sac_sample` (taken before this update's critic step).
+        sample: From :func:`sac_sample` (taken before this update's critic step); the fused path overwrites its
+            hidden activations (``sample.outputs[1:-1]``, ``layers_backward(consume=True)``): use a sample once.
         obs: The batch's observations.
         alpha: The temperature (detached).
 
