@@ -37,6 +37,7 @@ from nervex.torch_utils.fused_mlp import (
     batched_layers_forward,
     layers_backward,
     layers_forward,
+    writable,
 )
 from nervex.torch_utils.registration import registration_count
 
@@ -101,14 +102,7 @@ def _grad_slots(tensors: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]
             slots.append(None)
             continue
         grad = tensor.grad
-        if (
-            grad is None
-            or grad.shape != tensor.shape
-            or grad.dtype != tensor.dtype
-            or grad.device != tensor.device
-            or grad.layout != torch.strided
-            or not grad.is_contiguous()
-        ):
+        if not writable(grad, tensor.shape, tensor):
             grad = tensor.grad = torch.empty_like(tensor, memory_format=torch.contiguous_format)
         slots.append(grad)
     return slots

@@ -114,7 +114,8 @@ def layers_backward(
                 g = g * weight
             else:
                 spent = outputs[i + 1] if consume and i < last else None
-                g = g.mm(weight) if not _fits(spent, g.shape[0], weight.shape[1], g) else torch.mm(g, weight, out=spent)
+                fits = writable(spent, (g.shape[0], weight.shape[1]), g)
+                g = _into(torch.mm, spent if fits else None, g, weight)
     return (g if input_grad else None), weight_grads
 
 
@@ -126,15 +127,16 @@ def _untracked(g: torch.Tensor, outputs: Sequence[torch.Tensor], weights: Sequen
     return not any(t.requires_grad for t in (g, *outputs, *weights))
 
 
-def _fits(spent: Optional[torch.Tensor], rows: int, cols: int, like: torch.Tensor, batch: Optional[int] = None) -> bool:
-    """Whether the spent activation ``spent`` can take a ``(rows, cols)`` (``(batch, rows, cols)``) result."""
-    shape = (rows, cols) if batch is None else (batch, rows, cols)
+def writable(t: Optional[torch.Tensor], shape: Sequence[int], like: torch.Tensor) -> bool:
+    """Whether ``t`` can take a result of ``shape`` and ``like``'s dtype and device whole, through ``out=``: a dense,
+    contiguous tensor of that shape, dtype and device (a spent activation, a ``.grad`` from the last step)."""
     return (
-        spent is not None
-        and tuple(spent.shape) == shape
-        and spent.dtype == like.dtype
-        and spent.device == like.device
-        and spent.is_contiguous()
+        t is not None
+        and t.layout == torch.strided
+        and tuple(t.shape) == tuple(shape)
+        and t.dtype == like.dtype
+        and t.device == like.device
+        and t.is_contiguous()
     )
 
 
@@ -358,8 +360,8 @@ def batched_layers_backward(
                 g = g * weight.transpose(1, 2)
             else:
                 spent = outputs[k + 1] if consume and k < n - 1 else None
-                fits = _fits(spent, g.shape[1], weight.shape[1], g, g.shape[0])
-                g = torch.bmm(g, weight.transpose(1, 2), out=spent) if fits else torch.bmm(g, weight.transpose(1, 2))
+                fits = writable(spent, (g.shape[0], g.shape[1], weight.shape[1]), g)
+                g = _into(torch.bmm, spent if fits else None, g, weight.transpose(1, 2))
     return (g if input_grad else None), weight_grads, bias_grads
 
 
