@@ -12,6 +12,7 @@ figures are the median rate over all blocks and the median ratio of back-to-back
     python bench/update_speed.py                          # every row whose nervex policy exists, 2 threads
     python bench/update_speed.py --rows sac td3 --threads 2 --updates 500 --repeats 5
     python bench/update_speed.py --rows sac_halfcheetah td3_halfcheetah --device cuda   # HalfCheetah-size inputs
+    python bench/update_speed.py --rows td3 --set policy.learn.fused_update=false         # nervex through autograd
 """
 
 from __future__ import annotations
@@ -149,8 +150,9 @@ DEFAULT_ROWS = ("sac", "td3", "dqn", "ppo")  # the HalfCheetah-size rows are for
 Runner = Tuple[Callable[[int], int], Callable[[], None]]
 
 
-def nervex_runner(row: Row, device: str, seed: int) -> Runner:
-    """nervex on ``row``: ``learner.train`` on buffer samples (off-policy) or on the collated rollout (on-policy)."""
+def nervex_runner(row: Row, device: str, seed: int, extra: Sequence[str] = ()) -> Runner:
+    """nervex on ``row``: ``learner.train`` on buffer samples (off-policy) or on the collated rollout (on-policy).
+    ``extra``: ``--set`` overrides laid over the row's."""
     import contextlib
 
     import torch
@@ -164,6 +166,7 @@ def nervex_runner(row: Row, device: str, seed: int) -> Runner:
         f"policy.use_cuda={device == 'cuda'}",
         # the trainer sets torch's intra-op threads from the config (default 1): give it the benchmark's count
         f"num_threads={torch.get_num_threads()}",
+        *extra,
     ]
     cfg = apply_overrides(read_config(os.path.join(ROOT, row.config)), overrides)
     stack = contextlib.ExitStack()
@@ -198,8 +201,9 @@ def nervex_runner(row: Row, device: str, seed: int) -> Runner:
     return run, stack.close
 
 
-def sb3_runner(row: Row, device: str, seed: int) -> Runner:
-    """SB3 on ``row``: ``model.train`` (off-policy: ``gradient_steps`` updates; on-policy: a rollout's epochs)."""
+def sb3_runner(row: Row, device: str, seed: int, extra: Sequence[str] = ()) -> Runner:
+    """SB3 on ``row``: ``model.train`` (off-policy: ``gradient_steps`` updates; on-policy: a rollout's epochs).
+    ``extra`` is nervex's alone and not used."""
     import stable_baselines3 as sb3
 
     algo = getattr(sb3, row.sb3_algo)
@@ -252,11 +256,17 @@ def available(row: Row) -> bool:
     return row.policy in POLICY_REGISTRY.names() and os.path.exists(os.path.join(ROOT, row.config))
 
 
-RUNNERS: Dict[str, Callable[[Row, str, int], Runner]] = {"nervex": nervex_runner, "sb3": sb3_runner}
+RUNNERS: Dict[str, Callable[..., Runner]] = {"nervex": nervex_runner, "sb3": sb3_runner}
 
 
 def measure(
-    rows: Sequence[Row], libs: Sequence[str], updates: int, repeats: int, device: str, blocks: int = 10
+    rows: Sequence[Row],
+    libs: Sequence[str],
+    updates: int,
+    repeats: int,
+    device: str,
+    blocks: int = 10,
+    nervex_overrides: Sequence[str] = (),
 ) -> Dict[str, Dict[str, List[float]]]:
     """``{row: {lib: [updates/s of each timed block]}}``.
 
@@ -270,7 +280,7 @@ def measure(
     for row in rows:
         rates[row.name] = {lib: [] for lib in libs}
         for rep in range(repeats):
-            runners = {lib: RUNNERS[lib](row, device, rep) for lib in libs}
+            runners = {lib: RUNNERS[lib](row, device, rep, nervex_overrides) for lib in libs}
             try:
                 for block in range(blocks):
                     for lib in libs if block % 2 == 0 else list(reversed(libs)):
@@ -297,7 +307,7 @@ def report(rates: Dict[str, Dict[str, List[float]]], threads: int, device: str) 
         if {"nervex", "sb3"} <= set(med):
             pairs = [a / b for a, b in zip(by_lib["nervex"], by_lib["sb3"])]
             q1, q2, q3 = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else (pairs[0],) * 3
-            ratio, quartiles = f"{statistics.median(pairs):.2f}x", f"{q1:.2f}-{q3:.2f}"
+            ratio, quartiles = f"{statistics.median(pairs):.3f}x", f"{q1:.2f}-{q3:.2f}"
         print(f"| {name} | {cells[0]} | {cells[1]} | {ratio} | {quartiles} |")
 
 
@@ -310,6 +320,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--blocks", type=int, default=10, help="alternating timed blocks per repeat")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for both libraries")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override nervex's config in every row, e.g. --set policy.learn.fused_update=false (repeatable)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -324,7 +341,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"skipping {name}: no '{ROWS[name].policy}' policy, no {ROWS[name].config} or no {ROWS[name].requires}"
             )
     libs = [args.only] if args.only else ["nervex", "sb3"]
-    report(measure(rows, libs, args.updates, args.repeats, args.device, args.blocks), args.threads, args.device)
+    rates = measure(rows, libs, args.updates, args.repeats, args.device, args.blocks, args.set)
+    report(rates, args.threads, args.device)
     return 0
 
 

@@ -61,15 +61,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,cfg", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
-def test_hand_written_step_equals_autograd(name, cfg):
+def assert_same_steps(name, cfg, use_cuda=False):
     """Same start, same batches, same noise: every parameter, target copy, optimizer moment, loss and priority of
     the hand-written step equals the autograd step's (float rounding apart)."""
+    cfg = {**copy.deepcopy(cfg), "use_cuda": use_cuda}
     cfg_fused, cfg_plain = copy.deepcopy(cfg), copy.deepcopy(cfg)
     model = cfg.get("model")
     fused = make(name, True, model=cfg_fused.pop("model", None), **cfg_fused)
     plain = make(name, False, model=cfg_plain.pop("model", None), **cfg_plain)
     assert fused_update_ok(fused.model, fused._trained), model
+    assert next(fused.model.parameters()).device.type == ("cuda" if use_cuda else "cpu")
     nstep = cfg.get("nstep", 1)
     got, want = run_updates(fused, nstep=nstep), run_updates(plain, nstep=nstep)
     for info_got, info_want in zip(got, want):
@@ -88,6 +89,25 @@ def test_hand_written_step_equals_autograd(name, cfg):
     if name == "sac" and cfg.get("learn", {}).get("auto_alpha", True):
         torch.testing.assert_close(fused._log_alpha.detach(), plain._log_alpha.detach())
         assert fused._log_alpha.item() != 0.0  # the temperature moved
+
+
+CASE_IDS = [f"{n}-{i}" for i, (n, _) in enumerate(CASES)]
+
+
+@pytest.mark.parametrize("name,cfg", CASES, ids=CASE_IDS)
+def test_hand_written_step_equals_autograd(name, cfg):
+    assert_same_steps(name, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name,cfg", CASES, ids=CASE_IDS)
+def test_hand_written_step_equals_autograd_on_the_gpu(name, cfg):
+    """The same comparison with ``policy.use_cuda``: model, batches, noise and optimizer state on the device (the
+    noise is drawn from the CUDA generator, which ``torch.manual_seed`` seeds for both paths alike)."""
+    if torch.backends.cuda.matmul.allow_tf32:  # TF32 matmuls round differently in the two paths' layouts
+        pytest.skip("torch.backends.cuda.matmul.allow_tf32 is on")
+    assert_same_steps(name, cfg, use_cuda=True)
 
 
 @pytest.mark.parametrize("name", ["ddpg", "td3"])
