@@ -256,7 +256,7 @@ def available(row: Row) -> bool:
     return row.policy in POLICY_REGISTRY.names() and os.path.exists(os.path.join(ROOT, row.config))
 
 
-RUNNERS: Dict[str, Callable[..., Runner]] = {"nervex": nervex_runner, "sb3": sb3_runner}
+RUNNERS: Dict[str, Callable[[Row, str, int, Sequence[str]], Runner]] = {"nervex": nervex_runner, "sb3": sb3_runner}
 
 
 def measure(

@@ -64,7 +64,7 @@ CASES = [
 def assert_same_steps(name, cfg, use_cuda=False):
     """Same start, same batches, same noise: every parameter, target copy, optimizer moment, loss and priority of
     the hand-written step equals the autograd step's (float rounding apart)."""
-    cfg = {**copy.deepcopy(cfg), "use_cuda": use_cuda}
+    cfg = {**cfg, "use_cuda": use_cuda}  # each path deep-copies its own below
     cfg_fused, cfg_plain = copy.deepcopy(cfg), copy.deepcopy(cfg)
     model = cfg.get("model")
     fused = make(name, True, model=cfg_fused.pop("model", None), **cfg_fused)
