@@ -303,11 +303,11 @@ def test_killed_and_stopped_actors_lose_and_duplicate_nothing(tmp_path):
             [sys.executable, "-c", WRITES_BUT_NEVER_REPORTS, str(marker), *args], cwd=REPO_ROOT, env=ENV
         )
         roles.launch.started.append(("actor", silent))
-        held = {}
-        for name, process in (("killed", killed), ("stopped", stopped)):
-            pid = process.pid
-            held[name] = _wait(lambda pid=pid: _lease_of(run_dir, pid), 60, f"a lease held by the {name} actor")
-            os.kill(process.pid, signal.SIGKILL if name == "killed" else signal.SIGSTOP)
+        held = {
+            name: _stop_holding_a_lease(run_dir, process, name)
+            for name, process in (("killed", killed), ("stopped", stopped))
+        }
+        os.kill(killed.pid, signal.SIGKILL)
         _wait(marker.exists, 60, "the silent actor's samples file")
         os.kill(silent.pid, signal.SIGKILL)
         unreported = marker.read_text()
@@ -355,8 +355,28 @@ def _query(run_dir: Path, sql: str, *params: Any) -> List[Any]:
 
 
 def _lease_of(run_dir: Path, pid: int) -> Optional[str]:
-    rows = _query(run_dir, "SELECT task_id FROM tasks WHERE state='leased' AND worker_id LIKE ?", f"%-{pid}")
+    """The newest task leased to the worker with this pid: with prefetch, an older lease may be a finished task whose
+    report is on its way."""
+    rows = _query(
+        run_dir, "SELECT task_id FROM tasks WHERE state='leased' AND worker_id LIKE ? ORDER BY num DESC", f"%-{pid}"
+    )
     return rows[0][0] if rows else None
+
+
+def _stop_holding_a_lease(run_dir: Path, process: subprocess.Popen, name: str) -> str:
+    """SIGSTOPs an actor at a moment it holds a lease that stays open (it cannot complete the task while stopped) and
+    returns that task. A lease seen just before the stop may belong to a report already sent: the lease is read again
+    once requests sent before the stop have landed, and the actor is continued and stopped again if none is left."""
+    for _ in range(20):
+        _wait(lambda: _lease_of(run_dir, process.pid), 60, f"a lease held by the {name} actor")
+        os.kill(process.pid, signal.SIGSTOP)
+        # shorter than a lease (2 s, renewed every 0.5 s): a task still leased now stays so until its lease runs out
+        time.sleep(0.3)
+        task = _lease_of(run_dir, process.pid)
+        if task is not None:
+            return task
+        os.kill(process.pid, signal.SIGCONT)
+    raise AssertionError(f"the {name} actor never held a lease while stopped")
 
 
 def _attempts(run_dir: Path, task_id: str) -> int:
