@@ -178,7 +178,7 @@ class WorkerLink:
         if client is None or client.base_url != self.url.rstrip("/"):
             if client is not None:
                 client.close()
-            client = Client(self.url, self._token, deadline_s=self.deadline_s)
+            client = Client(self.url, self._token, deadline_s=self.deadline_s, should_stop=self._giving_up)
             self._local.client = client
         return client
 
@@ -192,6 +192,11 @@ class WorkerLink:
                 self.url = url
 
     # ---- calls ----------------------------------------------------------------------------------------------
+    def _giving_up(self) -> bool:
+        """Whether a call that finds the coordinator unreachable stops retrying: the run is ending (``stopping``) or
+        the role was asked to stop (``stop_requested``)."""
+        return self.stopping.is_set() or self.stop_requested()
+
     def call(self, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
         """POST ``body`` (with this worker's id) to ``path``; retried through outages up to ``reconnect_s``.
 
@@ -215,7 +220,7 @@ class WorkerLink:
                     raise WorkerExit(f"coordinator unreachable for {self.reconnect_s:.0f} s: {error}") from None
                 self.logger.warning("%s: %s; retrying", path, error)
                 self._refresh_url()
-                if self.stopping.wait(0.5) or self.stop_requested():
+                if self._giving_up() or self.stopping.wait(0.5) or self.stop_requested():
                     raise WorkerExit("stopping while the coordinator is unreachable", code=0) from None
                 continue
             if isinstance(response, dict) and response.get("stop"):

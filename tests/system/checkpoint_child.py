@@ -74,6 +74,9 @@ def check_signals() -> None:
 
 def escalate(name: str) -> None:
     signum = getattr(signal, name)
+    # the previous handler is Python's own: a shell that starts the tests in the background without job control
+    # hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     signals = StopSignals().install()
     os.kill(os.getpid(), signum)
     wait_for(signals.stop_requested, name)

@@ -185,7 +185,16 @@ def test_launch_stops_every_role_on_ctrl_c(tmp_path):
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "nervex.system.launch", str(DQN), "--run-dir", str(run_dir), "--timeout", "120"]
     command += ["--set", "evaluator.stop_val=100000", "--set", "num_threads=1"]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+    # SIGINT's default action, as a terminal's foreground job has it: a shell that starts the tests in the background
+    # without job control hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         _wait_for_text(run_dir / "logs" / "actor-0.log", "registered actor", 180)
         process.send_signal(signal.SIGINT)

@@ -35,6 +35,10 @@ Handler = Callable[[Any], HandlerResult]
 
 HEALTHZ_PATH = "/healthz"
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+STOP_GRACE_S = 1.0
+"""How long ``Client`` keeps retrying a call once its ``should_stop`` returns true."""
+STOP_POLL_S = 0.05
+"""How often ``Client``'s backoff polls ``should_stop``."""
 _LOOPBACK_NAMES = ("localhost",)
 _INTERNAL_ERROR = "internal server error (details are in the server's log)"
 
@@ -371,6 +375,9 @@ class Client:
         session: A ``requests.Session`` to use (not closed by ``close()``); a private one ignoring proxy settings from
             the environment if None.
         attempt_timeout_s: Connect and read timeout of one try (less when the deadline is nearer).
+        should_stop: Polled during the backoff (every ``STOP_POLL_S``): once it returns true, the call's deadline
+            becomes ``STOP_GRACE_S`` from then, so a worker asked to stop while its server is unreachable gives up
+            within about a second (a transient failure of a last report still gets its quick retries). None: never.
     """
 
     def __init__(
@@ -383,6 +390,7 @@ class Client:
         backoff_cap_s: float = 2.0,
         session: Optional[requests.Session] = None,
         attempt_timeout_s: float = 10.0,
+        should_stop: Optional[Callable[[], bool]] = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._prefix = urllib.parse.urlsplit(self.base_url).path
@@ -392,6 +400,7 @@ class Client:
         self.backoff_base_s = float(backoff_base_s)
         self.backoff_cap_s = float(backoff_cap_s)
         self.attempt_timeout_s = float(attempt_timeout_s)
+        self._should_stop = should_stop
         self._owns_session = session is None
         if session is None:
             session = requests.Session()
@@ -439,12 +448,15 @@ class Client:
                     return _result(method, self.base_url + path, response)
                 refusal = _error_from_response(response)
                 last_error, retry_after = str(refusal), refusal.retry_after
-            if not self._wait_before_retry(tries, retry_after, deadline):
+            next_deadline = self._wait_before_retry(tries, retry_after, deadline)
+            if next_deadline is None:
                 break
+            deadline = next_deadline
         elapsed = time.monotonic() - start
+        stopping = " (stopping)" if self._stop_deadline(math.inf) < math.inf else ""
         raise ProtocolError(
             503,
-            f"{method} {self.base_url}{path} unreachable after {tries} tries in {elapsed:.1f} s: {last_error}",
+            f"{method} {self.base_url}{path} unreachable after {tries} tries in {elapsed:.1f} s{stopping}: {last_error}",
             retry_after=retry_after,
         )
 
@@ -457,16 +469,29 @@ class Client:
             method, self.base_url + path, data=body, headers=headers, timeout=timeout, allow_redirects=False
         )
 
-    def _wait_before_retry(self, tries: int, retry_after: Optional[float], deadline: float) -> bool:
-        """Sleep before the next try; False when no try is left or the wait would reach the deadline."""
+    def _stop_deadline(self, deadline: float) -> float:
+        """``deadline``, brought to ``STOP_GRACE_S`` from now while ``should_stop`` returns true (never later: polled
+        again and again, it stays at the first sighting's)."""
+        if self._should_stop is not None and self._should_stop():
+            return min(deadline, time.monotonic() + STOP_GRACE_S)
+        return deadline
+
+    def _wait_before_retry(self, tries: int, retry_after: Optional[float], deadline: float) -> Optional[float]:
+        """Sleep before the next try; returns the call's deadline (shortened once ``should_stop`` returns true), or
+        None when no try is left or the wait would reach the deadline."""
         if tries > self.max_retries:
-            return False
+            return None
         bound = min(self.backoff_cap_s, self.backoff_base_s * 2 ** (tries - 1))
         wait = random.uniform(0.0, bound) if retry_after is None else max(0.0, retry_after)
-        if wait >= deadline - time.monotonic():
-            return False  # sleeping to the deadline would leave no time to try again
-        time.sleep(wait)
-        return True
+        end = time.monotonic() + wait
+        while True:
+            deadline = self._stop_deadline(deadline)
+            if end >= deadline:
+                return None  # sleeping to the deadline would leave no time to try again
+            left = end - time.monotonic()
+            if left <= 0:
+                return deadline
+            time.sleep(left if self._should_stop is None else min(left, STOP_POLL_S))
 
 
 def _result(method: str, url: str, response: requests.Response) -> Any:

@@ -288,6 +288,38 @@ def test_client_gives_up_after_max_retries():
         client.post("/echo", {})
 
 
+def test_a_stop_ends_a_retrying_call_within_the_grace_and_a_busy_server_is_still_retried_during_it(server, recorder):
+    """``should_stop``: a call retrying an unreachable server gives up ``STOP_GRACE_S`` after the stop is seen, not
+    at its 30 s deadline, and still retries within that second; without a stop the same call keeps retrying."""
+    from nervex.system.comm.http import STOP_GRACE_S
+
+    stop_at = time.monotonic() + 0.5
+    client = Client(
+        f"http://127.0.0.1:{free_port()}",
+        TOKEN,
+        deadline_s=30.0,
+        max_retries=1000,
+        backoff_cap_s=0.2,
+        should_stop=lambda: time.monotonic() >= stop_at,
+    )
+    start = time.monotonic()
+    with client, pytest.raises(ProtocolError, match=r"unreachable after \d+ tries in .* s \(stopping\)") as info:
+        client.post("/echo", {})
+    elapsed = time.monotonic() - start
+    assert info.value.status == 503 and 0.5 + STOP_GRACE_S - 0.3 <= elapsed <= 0.5 + STOP_GRACE_S + 1.0, elapsed
+    # a stop seen before the first failure still leaves the grace: a busy server (429, retry after 0.2 s) answers
+    recorder.busy_left = 2
+    with Client(server.url, TOKEN, deadline_s=30.0, should_stop=lambda: True) as stopping:
+        assert stopping.post("/busy", {"n": 2}) == {"ok": True}
+    assert len(recorder.calls) == 3
+    # and without a stop the unreachable call is still retrying well after the grace
+    unstoppable = Client(f"http://127.0.0.1:{free_port()}", TOKEN, deadline_s=2.5, max_retries=1000, backoff_cap_s=0.2)
+    start = time.monotonic()
+    with unstoppable, pytest.raises(ProtocolError, match="unreachable after") as info:
+        unstoppable.post("/echo", {})
+    assert "(stopping)" not in info.value.message and time.monotonic() - start >= 2.0
+
+
 def test_client_refuses_query_string_in_path(server):
     with Client(server.url, TOKEN, deadline_s=5) as client, pytest.raises(ValueError, match="query string"):
         client.get("/status?token=x")
