@@ -8,6 +8,7 @@ equal the env steps the coordinator accepted.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -323,11 +324,10 @@ def test_killed_and_stopped_actors_lose_and_duplicate_nothing(tmp_path):
             [sys.executable, "-c", WRITES_BUT_NEVER_REPORTS, str(marker), *args], cwd=REPO_ROOT, env=ENV
         )
         roles.launch.started.append(("actor", silent))
-        held = {
-            name: _stop_holding_a_lease(run_dir, process, name)
-            for name, process in (("killed", killed), ("stopped", stopped))
-        }
-        os.kill(killed.pid, signal.SIGKILL)
+        held, frozen = {}, {}
+        for name, process in (("killed", killed), ("stopped", stopped)):
+            held[name], frozen[name] = _stop_holding_a_lease(run_dir, process, name)
+        os.kill(killed.pid, signal.SIGKILL)  # its I/O process dies with it (PR_SET_PDEATHSIG), stopped or not
         _wait(marker.exists, 60, "the silent actor's samples file")
         os.kill(silent.pid, signal.SIGKILL)
         unreported = marker.read_text()
@@ -341,7 +341,7 @@ def test_killed_and_stopped_actors_lose_and_duplicate_nothing(tmp_path):
         roles.start("actor", "--index", "3")
         _wait(lambda: _attempts(run_dir, held["stopped"]) > 1, 60, "the stopped actor's task leased again")
         _wait(lambda: _state(run_dir, held["stopped"]) == "done", 60, "the stopped actor's task done by another")
-        os.kill(stopped.pid, signal.SIGCONT)
+        _signal_all(frozen["stopped"], signal.SIGCONT)
         assert learner.wait(timeout=240) == 0
         stopped.wait(timeout=30)
     results = {r["task_id"]: r for r in accepted_results(run_dir)}
@@ -383,19 +383,39 @@ def _lease_of(run_dir: Path, pid: int) -> Optional[str]:
     return rows[0][0] if rows else None
 
 
-def _stop_holding_a_lease(run_dir: Path, process: subprocess.Popen, name: str) -> str:
-    """SIGSTOPs an actor at a moment it holds a lease that stays open (it cannot complete the task while stopped) and
-    returns that task. A lease seen just before the stop may belong to a report already sent: the lease is read again
-    once requests sent before the stop have landed, and the actor is continued and stopped again if none is left."""
+def _family(pid: int) -> List[int]:
+    """``pid`` and its descendants (Linux's ``/proc/<pid>/task/<tid>/children``): an actor and its I/O process."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                todo.extend(int(child) for child in children.read_text().split())
+    return found
+
+
+def _signal_all(pids: List[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def _stop_holding_a_lease(run_dir: Path, process: subprocess.Popen, name: str) -> Tuple[str, List[int]]:
+    """SIGSTOPs an actor and its I/O process at a moment the actor holds a lease that stays open (no process of it can
+    complete the task while stopped); returns that task and the stopped pids. A lease seen just before the stop may
+    belong to a report already sent: the lease is read again once requests sent before the stop have landed, and the
+    actor is continued and stopped again if none is left."""
     for _ in range(20):
         _wait(lambda: _lease_of(run_dir, process.pid), 60, f"a lease held by the {name} actor")
-        os.kill(process.pid, signal.SIGSTOP)
+        family = _family(process.pid)
+        _signal_all(family, signal.SIGSTOP)
         # shorter than a lease (2 s, renewed every 0.5 s): a task still leased now stays so until its lease runs out
         time.sleep(0.3)
         task = _lease_of(run_dir, process.pid)
         if task is not None:
-            return task
-        os.kill(process.pid, signal.SIGCONT)
+            return task, family
+        _signal_all(family, signal.SIGCONT)
     raise AssertionError(f"the {name} actor never held a lease while stopped")
 
 
