@@ -453,7 +453,7 @@ class Client:
                 break
             deadline = next_deadline
         elapsed = time.monotonic() - start
-        stopping = " (stopping)" if self._stop_deadline(math.inf) < math.inf else ""
+        stopping = " (stopping)" if self._stopping() else ""
         raise ProtocolError(
             503,
             f"{method} {self.base_url}{path} unreachable after {tries} tries in {elapsed:.1f} s{stopping}: {last_error}",
@@ -469,12 +469,13 @@ class Client:
             method, self.base_url + path, data=body, headers=headers, timeout=timeout, allow_redirects=False
         )
 
+    def _stopping(self) -> bool:
+        return self._should_stop is not None and bool(self._should_stop())
+
     def _stop_deadline(self, deadline: float) -> float:
         """``deadline``, brought to ``STOP_GRACE_S`` from now while ``should_stop`` returns true (never later: polled
         again and again, it stays at the first sighting's)."""
-        if self._should_stop is not None and self._should_stop():
-            return min(deadline, time.monotonic() + STOP_GRACE_S)
-        return deadline
+        return min(deadline, time.monotonic() + STOP_GRACE_S) if self._stopping() else deadline
 
     def _wait_before_retry(self, tries: int, retry_after: Optional[float], deadline: float) -> Optional[float]:
         """Sleep before the next try; returns the call's deadline (shortened once ``should_stop`` returns true), or
