@@ -13,6 +13,7 @@ figures are the median rate over all blocks and the median ratio of back-to-back
     python bench/update_speed.py --rows sac td3 --threads 2 --updates 500 --repeats 5
     python bench/update_speed.py --rows sac_halfcheetah td3_halfcheetah --device cuda   # HalfCheetah-size inputs
     python bench/update_speed.py --rows td3 --set policy.learn.fused_update=false         # nervex through autograd
+    NERVEX_CPU_MATMUL=blas python bench/update_speed.py --rows td3     # nervex's products in torch's BLAS, as SB3's
 """
 
 from __future__ import annotations
@@ -297,7 +298,13 @@ def measure(
 
 def report(rates: Dict[str, Dict[str, List[float]]], threads: int, device: str) -> None:
     """Median updates/s per library over all blocks, and the quartiles of the per-block ratio nervex / SB3."""
-    print(f"\nupdates/s, median over blocks ({device}, torch threads {threads}); nervex / SB3 per block pair:")
+    from nervex.torch_utils.cpu_matmul import backend
+
+    # nervex's large float32 products on the CPU (NERVEX_CPU_MATMUL); SB3's always run in torch's BLAS
+    products = f", nervex's CPU matmuls: {backend()}" if device == "cpu" else ""
+    print(
+        f"\nupdates/s, median over blocks ({device}, torch threads {threads}{products}); nervex / SB3 per block pair:"
+    )
     print("| row | nervex | SB3 | nervex / SB3 (median) | ratio quartiles |")
     print("|---|---|---|---|---|")
     for name, by_lib in rates.items():

@@ -16,6 +16,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .cpu_matmul import bmatmul, matmul, onednn_for
+
 FUSED_ACTIVATIONS = ("tanh", "relu")
 
 
@@ -62,7 +64,7 @@ def layers_forward(
     outputs = [x]
     h = x
     for i, act in enumerate(acts):
-        h = _activate_(torch.addmm(weights[2 * i + 1], h, weights[2 * i].t()), act)
+        h = _activate_(matmul(h, weights[2 * i].t(), weights[2 * i + 1]), act)
         outputs.append(h)
     return outputs
 
@@ -104,7 +106,7 @@ def layers_backward(
                 product = h.t().mm(g).t()
                 weight_grads[2 * i] = product.contiguous() if target is None else target.copy_(product)
             else:
-                weight_grads[2 * i] = _into(torch.mm, dst[2 * i], g.t(), h)
+                weight_grads[2 * i] = matmul(g.t(), h, out=dst[2 * i])
         if needs[2 * i + 1]:
             weight_grads[2 * i + 1] = g.sum(0) if dst[2 * i + 1] is None else torch.sum(g, 0, out=dst[2 * i + 1])
         if i > 0 or input_grad:
@@ -113,9 +115,10 @@ def layers_backward(
             if weight.shape[0] == 1:
                 g = g * weight
             else:
-                spent = outputs[i + 1] if consume and i < last else None
+                # (oneDNN returns a new tensor: writing it over the spent activation would only add a copy)
+                spent = outputs[i + 1] if consume and i < last and not onednn_for(g, weight) else None
                 fits = writable(spent, (g.shape[0], weight.shape[1]), g)
-                g = _into(torch.mm, spent if fits else None, g, weight)
+                g = matmul(g, weight, out=spent if fits else None)
     return (g if input_grad else None), weight_grads
 
 
@@ -293,11 +296,11 @@ def batched_layers_forward(
     ``w^T h^T`` (``(N, 1, B)``: a batched matmul with one output column runs ~4x slower on the CPU)."""
     outputs = [h]
     for weight, bias in zip(weights[:-1], biases[:-1]):
-        h = _activate_(torch.baddbmm(bias, h, weight), act)
+        h = _activate_(bmatmul(h, weight, bias), act)
         outputs.append(h)
     weight, bias = weights[-1], biases[-1]
     if weight.shape[-1] != 1:
-        return outputs, torch.baddbmm(bias, h, weight)
+        return outputs, bmatmul(h, weight, bias)
     return outputs, torch.baddbmm(bias, weight.transpose(1, 2), h.transpose(1, 2)).transpose(1, 2)
 
 
@@ -354,14 +357,14 @@ def batched_layers_backward(
                 gw = _into(torch.bmm, None if target is None else target.transpose(1, 2), g.transpose(1, 2), h_in)
                 weight_grads[k] = gw.transpose(1, 2)
             else:
-                weight_grads[k] = _into(torch.bmm, w_dst[k], h_in.transpose(1, 2), g)
+                weight_grads[k] = bmatmul(h_in.transpose(1, 2), g, out=w_dst[k])
         if k > 0 or input_grad:
             if width_one:
                 g = g * weight.transpose(1, 2)
             else:
                 spent = outputs[k + 1] if consume and k < n - 1 else None
                 fits = writable(spent, (g.shape[0], g.shape[1], weight.shape[1]), g)
-                g = _into(torch.bmm, spent if fits else None, g, weight.transpose(1, 2))
+                g = bmatmul(g, weight.transpose(1, 2), out=spent if fits else None)
     return (g if input_grad else None), weight_grads, bias_grads
 
 

@@ -1,5 +1,6 @@
 """DDPG, TD3 and SAC: the hand-differentiated learner step against the same step through autograd."""
 
+import contextlib
 import copy
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from nervex.model import QAC
 from nervex.policy import DDPGPolicy, SACPolicy, TD3Policy
 from nervex.policy.fused_ac import fused_update_ok
-from nervex.torch_utils import TanhGaussianDist
+from nervex.torch_utils import TanhGaussianDist, cpu_matmul
 
 LOW, HIGH = [-1.0, 0.0], [3.0, 0.5]  # asymmetric: loc and scale differ per dimension
 MODEL = {"obs_dim": 3, "action_dim": 2, "action_low": LOW, "action_high": HIGH, "hidden_sizes": [32, 24]}
@@ -61,9 +62,10 @@ CASES = [
 ]
 
 
-def assert_same_steps(name, cfg, use_cuda=False):
+def assert_same_steps(name, cfg, use_cuda=False, fused_backend=None, plain_backend=None):
     """Same start, same batches, same noise: every parameter, target copy, optimizer moment, loss and priority of
-    the hand-written step equals the autograd step's (float rounding apart)."""
+    the hand-written step equals the autograd step's (float rounding apart). ``*_backend``: a CPU matmul backend
+    forced for each path's updates (``'onednn'`` for every product, or ``'blas'``; None: the process's own)."""
     cfg = {**cfg, "use_cuda": use_cuda}  # each path deep-copies its own below
     cfg_fused, cfg_plain = copy.deepcopy(cfg), copy.deepcopy(cfg)
     model = cfg.get("model")
@@ -72,7 +74,10 @@ def assert_same_steps(name, cfg, use_cuda=False):
     assert fused_update_ok(fused.model, fused._trained), model
     assert next(fused.model.parameters()).device.type == ("cuda" if use_cuda else "cpu")
     nstep = cfg.get("nstep", 1)
-    got, want = run_updates(fused, nstep=nstep), run_updates(plain, nstep=nstep)
+    with cpu_backend(fused_backend):
+        got = run_updates(fused, nstep=nstep)
+    with cpu_backend(plain_backend):
+        want = run_updates(plain, nstep=nstep)
     for info_got, info_want in zip(got, want):
         assert info_got.keys() == info_want.keys()
         for key, value in info_want.items():
@@ -94,9 +99,31 @@ def assert_same_steps(name, cfg, use_cuda=False):
 CASE_IDS = [f"{n}-{i}" for i, (n, _) in enumerate(CASES)]
 
 
+@contextlib.contextmanager
+def cpu_backend(name):
+    """``name`` (``'onednn'``: every CPU float32 product, no size floor; ``'blas'``: none) for the block."""
+    if name is None:
+        yield
+        return
+    saved = cpu_matmul.ONEDNN_MIN_MACS, cpu_matmul._DECISIONS
+    cpu_matmul.ONEDNN_MIN_MACS, cpu_matmul._DECISIONS = 0, {torch.get_num_threads(): name == "onednn"}
+    try:
+        yield
+    finally:
+        cpu_matmul.ONEDNN_MIN_MACS, cpu_matmul._DECISIONS = saved
+
+
 @pytest.mark.parametrize("name,cfg", CASES, ids=CASE_IDS)
 def test_hand_written_step_equals_autograd(name, cfg):
     assert_same_steps(name, cfg)
+
+
+@pytest.mark.skipif(cpu_matmul._LINEAR is None, reason="this torch build has no oneDNN linear op")
+@pytest.mark.parametrize("name,cfg", CASES, ids=CASE_IDS)
+def test_hand_written_step_through_onednn_equals_autograd_through_blas(name, cfg):
+    """The hand-written step with every product in oneDNN (``nervex.torch_utils.cpu_matmul``, where the CPU's
+    large products go when oneDNN is faster) against the autograd step with every product in torch's BLAS."""
+    assert_same_steps(name, cfg, fused_backend="onednn", plain_backend="blas")
 
 
 @pytest.mark.gpu
