@@ -154,7 +154,7 @@ def bmatmul(
     """
     if onednn_for(a, b):
         if out is None:
-            out = torch.empty(a.shape[0], a.shape[1], b.shape[2], dtype=a.dtype)
+            out = torch.empty(a.shape[0], a.shape[1], b.shape[2], dtype=a.dtype, device=a.device)
         for i in range(a.shape[0]):
             out[i].copy_(_onednn_product(a[i], b[i], None if bias is None else bias[i].reshape(-1)))
         return out
