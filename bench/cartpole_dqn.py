@@ -46,8 +46,8 @@ def note_eval(rec: Dict[str, Optional[float]], mean: float, env_step: int, train
 
 
 def run_nervex(seed: int, max_steps: int, run_root: str) -> Dict[str, Optional[float]]:
-    from nervex.config import compile_config, read_config
-    from nervex.entry import SerialTrainer
+    from nervex.config import read_config
+    from nervex.entry import SerialTrainer, compile_config
 
     cfg = read_config(CONFIG)
     cfg.max_env_step = max_steps

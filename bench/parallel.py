@@ -92,7 +92,7 @@ def run_env() -> None:
 
 def parallel_cfg(overrides: Sequence[str]) -> Any:
     from nervex.config import apply_overrides, read_config
-    from nervex.system.protocol import compile_parallel_config
+    from nervex.entry import compile_parallel_config
 
     return compile_parallel_config(apply_overrides(read_config(DIST_CONFIG), list(overrides)))
 

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from nervex.config import compile_config, read_config
+from nervex.config import read_config
+from nervex.entry import compile_config, compile_parallel_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # every shipped config (app_zoo registers its envs on import: Atari and MuJoCo ones compile without their extras)
@@ -31,8 +32,6 @@ def test_config_reference_covers_every_key(config):
 
     raw = read_config(os.path.join(ROOT, config))
     if "system" in raw:  # a parallel-mode config (app_zoo/**/dist/): the serial sections plus `system`
-        from nervex.system.protocol import compile_parallel_config
-
         cfg = compile_parallel_config(raw)
     else:
         cfg = compile_config(raw)

@@ -2,7 +2,8 @@
 
 The config package knows no policy, env or buffer: the entry that assembles a run names its parts (``ConfigParts``)
 and ``compile_config`` validates each section against the part that will actually be built. Nothing here imports
-torch or an environment, so a YAML can be checked anywhere the parts' declarations are importable.
+torch, gymnasium, a policy, an env or the entry, whatever the call: a config can be checked anywhere the parts'
+declarations are importable (``nervex.entry.compile_config`` is the builder-aware compile).
 """
 
 from __future__ import annotations
@@ -77,27 +78,33 @@ def _check_top_level(user: Mapping[str, Any], parts: ConfigParts, where: str) ->
 def compile_config(
     cfg: Mapping[str, Any], parts: Optional[ConfigParts] = None, source: Optional[str] = None
 ) -> EasyDict:
-    """Merge a user config onto the defaults of every part it names, and validate it.
+    """Merge a user config onto the defaults of the parts it is given, and validate it.
+
+    This function knows no policy, env or buffer: the caller names the parts the config will build. To compile a
+    config against the parts a serial run builds from it (the policy, env, env manager and buffer it names), call
+    ``nervex.entry.compile_config(cfg)``, which resolves them and calls this.
 
     Args:
         cfg: The user's config (as ``read_config`` returns it, or a plain dict).
-        parts: The parts the config will build. None asks the serial entry for them
-            (``nervex.entry.builder.config_parts``), which resolves the policy, env, env manager and buffer the config
-            names (importing ``policy.import_names`` / ``env.import_names`` first).
+        parts: The parts the config will build (``nervex.entry.config_parts`` for a serial run). Required: None is
+            a ``TypeError`` that names ``nervex.entry.compile_config``.
         source: The file it came from, for messages (taken from ``cfg`` when ``read_config`` made it).
 
     Returns:
         The full config as an EasyDict: every key present, every value of the declared type and range.
 
     Raises:
-        ConfigError: an unknown key, a value of the wrong type or out of range, or an unknown registered name; the
+        TypeError: ``parts`` is None.
+        ConfigError: an unknown key, a value of the wrong type or out of range, or a failed check of ``parts``; the
             message names the dotted key (and the file) and suggests the nearest valid key.
     """
+    if not isinstance(parts, ConfigParts):
+        raise TypeError(
+            f"nervex.config.compile_config(cfg, parts) validates against the ConfigParts it is given, got parts="
+            f"{parts!r}; to compile a run config against the policy, env and buffer it names, call "
+            "nervex.entry.compile_config(cfg) (or nervex.entry.compile_parallel_config(cfg) for the parallel mode)"
+        )
     source = source or config_source(cfg)
-    if parts is None:
-        from nervex.entry.builder import config_parts  # the serial entry assembles the parts it will build
-
-        parts = config_parts(cfg, source)
     where = f" in {os.path.basename(source)}" if source else ""
     user = to_plain(cfg)
     _check_top_level(user, parts, where)

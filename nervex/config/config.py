@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import yaml
@@ -219,9 +220,22 @@ def to_plain(obj: Any) -> Any:
 
 
 def save_config(cfg: Mapping[str, Any], path: str | os.PathLike) -> None:
-    """Write a config as YAML (block style, keys in their declared order)."""
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(to_plain(cfg), f, sort_keys=False, default_flow_style=False)
+    """Write a config as YAML (block style, keys in their declared order), atomically.
+
+    The file is written next to ``path`` and renamed over it, so a process reading a run's ``config.yaml`` while
+    another role rewrites it reads one whole config, never a torn one.
+    """
+    path = os.fspath(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yaml.safe_dump(to_plain(cfg), f, sort_keys=False, default_flow_style=False)
+        os.chmod(temp, 0o644)  # as open() would have made it (mkstemp makes 0600)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
 
 
 def set_by_path(cfg: Dict[str, Any], dotted: str, value: Any) -> None:

@@ -1,4 +1,6 @@
 from .builder import (
+    compile_config,
+    compile_parallel_config,
     config_parts,
     make_actor,
     make_buffer,
@@ -16,6 +18,8 @@ __all__ = [
     "load_policy",
     "SerialTrainer",
     "DefaultCallbacks",
+    "compile_config",
+    "compile_parallel_config",
     "config_parts",
     "make_env_managers",
     "make_policy",

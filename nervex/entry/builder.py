@@ -2,8 +2,9 @@
 
 ``SerialTrainer`` assembles a run from these functions; the parallel roles reuse them one by one (an actor process
 needs ``make_env_managers``, ``make_policy(enable_field=['collect'])`` and ``make_actor``). ``config_parts`` tells
-``compile_config`` which part will validate each section, so the section of the class actually built is the one
-checked (the uniform buffer's keys when a policy trains from it, no ``replay_buffer`` at all for on-policy data).
+``nervex.config.compile_config`` which part will validate each section, so the section of the class actually built
+is the one checked (the uniform buffer's keys when a policy trains from it, no ``replay_buffer`` at all for
+on-policy data); ``compile_config`` and ``compile_parallel_config`` are the builder-aware compiles.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+from easydict import EasyDict
 
-from nervex.config import ConfigError, ConfigParts, Field, merge_defaults, to_plain, validate_merge
+from nervex.config import ConfigError, ConfigParts, Field, is_compiled, merge_defaults, to_plain, validate_merge
+from nervex.config import compile_config as compile_with_parts
+from nervex.config.config import config_source
 from nervex.utils import ENV_MANAGER_REGISTRY, POLICY_REGISTRY
 from nervex.utils.import_helper import import_modules
 
@@ -106,12 +110,17 @@ def _model_check(policy_cls: type) -> Any:
 
 
 def config_parts(cfg: Mapping[str, Any], source: Optional[str] = None) -> ConfigParts:
-    """The parts a serial run builds from ``cfg``, as ``compile_config`` needs them.
+    """The parts a serial run builds from ``cfg``, as ``nervex.config.compile_config`` needs them.
 
     Resolves the policy class (after ``policy.import_names``), the env and env manager classes (after
     ``env.import_names``), and, from the policy's training contract, the replay buffer class whose keys the
     ``replay_buffer`` section may hold.
     """
+    return _serial_parts(cfg, source)[0]
+
+
+def _serial_parts(cfg: Mapping[str, Any], source: Optional[str]) -> Tuple[ConfigParts, type]:
+    """``config_parts`` and the policy class it resolved."""
     from nervex.data import BUFFER_REGISTRY
     from nervex.worker.actor import SerialActor, SerialEvaluator
     from nervex.worker.learner import BaseLearner
@@ -137,12 +146,62 @@ def config_parts(cfg: Mapping[str, Any], source: Optional[str] = None) -> Config
         buffer_cls = BUFFER_REGISTRY.get(contract.buffer_type)
         sections["replay_buffer"] = merge_defaults(buffer_cls.config, contract.buffer_defaults)
     sections.update(learner=BaseLearner, actor=SerialActor, evaluator=SerialEvaluator)
-    return ConfigParts(
+    parts = ConfigParts(
         sections=sections,
         open_sections=[] if policy_cls.declares_config() else ["policy"],
         absent=absent,
         checks=[_model_check(policy_cls), _resolve_on_policy(policy_cls), _check_on_policy_manager],
     )
+    return parts, policy_cls
+
+
+def compile_config(cfg: Mapping[str, Any], source: Optional[str] = None) -> EasyDict:
+    """Compile a serial run's config: its parts resolved (``config_parts``), then ``nervex.config.compile_config``.
+
+    Args:
+        cfg: The user's config (``read_config``, ``apply_overrides`` or a plain dict).
+        source: The file it came from, for messages (taken from ``cfg`` when ``read_config`` made it).
+
+    Returns:
+        The full config as an EasyDict: every key present, every value of the declared type and range.
+
+    Raises:
+        ConfigError: an unknown key (with the nearest valid one suggested), a value of the wrong type or out of
+            range, or an unknown registered name; the message names the dotted key and the file.
+    """
+    source = source or config_source(cfg)
+    return compile_with_parts(cfg, config_parts(cfg, source), source)
+
+
+def compile_parallel_config(cfg: Mapping[str, Any], source: Optional[str] = None) -> EasyDict:
+    """Compile a parallel-mode config: the serial run's sections plus ``system`` (``nervex.system.protocol``).
+
+    The policy's collect unit and counts and its ``learning_starts`` are written into ``system.collect``, where the
+    coordinator reads them without importing the policy.
+
+    Args:
+        cfg: The user's config, or one this function compiled (returned as it is).
+        source: The file it came from, for messages.
+
+    Raises:
+        ConfigError: as ``compile_config``, plus keys of ``system`` that contradict each other or the policy
+            (``heartbeat_s >= lease_s``, ``n_sample`` for on-policy data, a hand-set ``system.collect`` value).
+    """
+    from nervex.system.protocol import parallel_parts, resolve_collect  # the parallel mode's plain declarations
+
+    if is_compiled(cfg) and "system" in cfg:
+        return cfg  # type: ignore[return-value]
+    source = source or config_source(cfg)
+    parts, policy_cls = _serial_parts(cfg, source)
+
+    def resolve(out: Dict[str, Any], where: str) -> None:
+        contract = policy_cls.contract(out["policy"])
+        spec = contract.collect
+        resolve_collect(out, spec.unit, spec.n, spec.restart_envs, contract.learn.learning_starts, where)
+
+    parts = parallel_parts(parts)
+    parts.checks.append(resolve)
+    return compile_with_parts(cfg, parts, source)
 
 
 def _resolve_on_policy(policy_cls: type) -> Any:

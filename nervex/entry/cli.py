@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from nervex.config import ConfigError, apply_overrides, compile_config, read_config
+    from nervex.config import ConfigError, apply_overrides, read_config
+    from nervex.entry.builder import compile_config
     from nervex.entry.serial_entry import run_config_of, serial_eval
     from nervex.torch_utils import CheckpointError
 
@@ -73,7 +74,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.mode == "eval":
         return _eval(args)
-    from nervex.config import ConfigError, apply_overrides, compile_config, read_config
+    from nervex.config import ConfigError, apply_overrides, read_config
+    from nervex.entry.builder import compile_config
     from nervex.torch_utils import CheckpointError
 
     try:

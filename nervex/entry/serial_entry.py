@@ -20,12 +20,20 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 import torch
 from easydict import EasyDict
 
-from nervex.config import compile_config, is_compiled, read_config, save_config
+from nervex.config import is_compiled, read_config, save_config
 from nervex.policy import set_seed
 from nervex.torch_utils import collate, load_checkpoint
 from nervex.utils.log_helper import CsvWriter, ScalarWriter, build_logger, close_logger
 
-from .builder import make_actor, make_buffer, make_env_managers, make_evaluator, make_learner, make_policy
+from .builder import (
+    compile_config,
+    make_actor,
+    make_buffer,
+    make_env_managers,
+    make_evaluator,
+    make_learner,
+    make_policy,
+)
 from .callbacks import DefaultCallbacks
 
 EVAL_CSV_FIELDS = [

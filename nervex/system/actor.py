@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from nervex.entry.builder import compile_parallel_config
 from nervex.policy import set_seed
 from nervex.policy.contract import CollectSpec
 from nervex.system.actor_io import ActorIO, fork_available
@@ -44,7 +45,6 @@ from nervex.system.protocol import (
     TASK_COMPLETE_PATH,
     TASK_FAIL_PATH,
     TASK_LEASE_PATH,
-    compile_parallel_config,
     learning_starts,
     storage_root,
 )

@@ -47,7 +47,8 @@ def build_parser(role: str, description: str) -> argparse.ArgumentParser:
 def load_config(prog: str, args: argparse.Namespace) -> Optional[Tuple[Any, str]]:
     """``(compiled config, run_dir)``, or None after printing the config error to stderr (exit with 2)."""
     from nervex.config import ConfigError, apply_overrides, read_config
-    from nervex.system.protocol import compile_parallel_config, default_run_dir
+    from nervex.entry.builder import compile_parallel_config
+    from nervex.system.protocol import default_run_dir
 
     try:
         cfg = compile_parallel_config(apply_overrides(read_config(args.config), args.overrides))

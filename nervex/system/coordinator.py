@@ -55,7 +55,7 @@ from nervex.system.protocol import (
     TASK_LEASE_PATH,
     check_known,
     collect_spec,
-    compile_parallel_config,
+    compile_coordinator_config,
     config_hash,
     learning_starts,
     optional,
@@ -164,7 +164,8 @@ class Coordinator:
             print(coordinator.url)                                   # also in <run_dir>/coordinator.url
 
     Args:
-        cfg: The run's config (``read_config``), compiled with ``compile_parallel_config`` if it is not yet.
+        cfg: The run's compiled config (``nervex.entry.compile_parallel_config``, or its ``config.yaml`` read back);
+            re-validated with ``compile_coordinator_config``, which imports no policy.
         run_dir: The run directory on node-local disk (the SQLite files, the token, ``coordinator.url``).
         token: The run's secret; ``load_or_create_token(run_dir)`` if None.
         host: Bind address; ``system.coordinator.host`` if None.
@@ -187,7 +188,7 @@ class Coordinator:
         snapshot_source: Optional[SnapshotSource] = None,
         logger: Optional[logging.Logger] = None,
     ) -> None:
-        self.cfg = compile_parallel_config(cfg)
+        self.cfg = compile_coordinator_config(cfg)
         self.settings = self.cfg.system.coordinator
         self.run_dir = os.path.abspath(run_dir)
         self.config_hash = config_hash(self.cfg)

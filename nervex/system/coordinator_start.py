@@ -4,17 +4,26 @@ It writes ``<run_dir>/coordinator.url`` once it listens (how ``run.sh dist`` and
 run token (``<run_dir>/run_token``, unless ``$NERVEX_RUN_TOKEN`` is set), logs to ``<run_dir>/logs/coordinator.log``
 and stops cleanly on SIGTERM or SIGINT. Exit status: 0 after a clean stop, 2 for a bad config or a run directory
 another coordinator holds.
+
+The coordinator process imports no torch, gymnasium, policy or env module. It reads plain values from the compiled
+config's ``system`` section: ``--config`` is either a compiled config (the run's ``config.yaml`` that
+``python -m nervex.system.launch`` writes) or the user's YAML, which a child process
+(``python -m nervex.system.launch CONFIG --print-config``) compiles against the policy and env it names.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
+
+import yaml
 
 from nervex.system.cli import build_parser as build_role_parser
-from nervex.system.cli import load_config
+
+COMPILE_TIMEOUT_S = 600.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,10 +37,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def load_compiled_config(args: argparse.Namespace) -> Optional[Tuple[Any, str]]:
+    """``(compiled config, run_dir)`` for ``--config`` and ``--set``, or None after printing the error (exit 2)."""
+    from nervex.config import ConfigError, apply_overrides, read_config
+    from nervex.system.protocol import compile_coordinator_config, default_run_dir, is_parallel_compiled
+
+    try:
+        cfg = apply_overrides(read_config(args.config), args.overrides)
+        if not is_parallel_compiled(cfg):
+            cfg = _compile_in_child(args)
+        cfg = compile_coordinator_config(cfg, source=args.config)
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"coordinator_start: {error}", file=sys.stderr)
+        return None
+    return cfg, args.run_dir or default_run_dir(cfg)
+
+
+def _compile_in_child(args: argparse.Namespace) -> Any:
+    """The user's config compiled by ``nervex.entry`` in a child process (the policy's imports stay out of this one)."""
+    from nervex.config import ConfigError
+
+    command = [sys.executable, "-m", "nervex.system.launch", args.config, "--print-config"]
+    command += [arg for item in args.overrides for arg in ("--set", item)]
+    done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    if done.returncode != 0:
+        raise ConfigError(done.stderr.strip() or f"compiling {args.config} failed with status {done.returncode}")
+    return yaml.safe_load(done.stdout)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the coordinator until SIGTERM or SIGINT; returns the exit status."""
     args = build_parser().parse_args(argv)
-    loaded = load_config("coordinator_start", args)  # imports torch only after --help had its chance
+    loaded = load_compiled_config(args)
     if loaded is None:
         return 2
     cfg, run_dir = loaded

@@ -6,6 +6,11 @@ waits for the learner to finish (the target return, ``max_env_step`` or ``max_tr
 seconds, or for Ctrl-C, and then stops every process it started: SIGTERM to each role's process group, SIGKILL to
 what is left after a grace period. A role that dies early stops the run with an error naming it and its log.
 
+The launcher compiles the config against the policy and env it names (``nervex.entry.compile_parallel_config``) and
+writes it to ``<run_dir>/config.yaml``; the coordinator is started from that file and reads its plain ``system``
+values (it imports no policy). ``--print-config`` only prints that compiled config (how ``coordinator_start``
+compiles a user's YAML in a child process).
+
 Exit status: the learner's (0 when it finished), 1 when another role died, 124 on the timeout, 130 on Ctrl-C,
 2 for a bad config.
 """
@@ -19,6 +24,8 @@ import subprocess
 import sys
 import time
 from typing import Dict, List, Optional, Tuple
+
+import yaml
 
 GRACE_S = 20.0
 
@@ -38,21 +45,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before every role is stopped (124)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the compiled config (YAML, every key, system.collect resolved) on stdout and exit",
+    )
     return parser
 
 
 class Launch:
     """The processes of one local parallel run."""
 
-    def __init__(self, config: str, run_dir: str, overrides: List[str], actors: Optional[int]) -> None:
+    def __init__(
+        self,
+        config: str,
+        run_dir: str,
+        overrides: List[str],
+        actors: Optional[int],
+        compiled_config: Optional[str] = None,
+    ) -> None:
         self.run_dir = run_dir
         self.common = ["--config", config, "--run-dir", run_dir] + [a for o in overrides for a in ("--set", o)]
+        # the coordinator reads the compiled config (overrides applied) when there is one; else it compiles `config`
+        self.coordinator_args = ["--config", compiled_config, "--run-dir", run_dir] if compiled_config else None
         self.actors = actors
         self.processes: Dict[str, subprocess.Popen] = {}  # the newest process of each role
         self.started: List[Tuple[str, subprocess.Popen]] = []  # every process started, in order
 
     def start(self, role: str, extra: Optional[List[str]] = None) -> subprocess.Popen:
-        command = [sys.executable, "-u", "-m", f"nervex.system.{role}_start", *self.common, *(extra or [])]
+        common = self.coordinator_args if role == "coordinator" and self.coordinator_args else self.common
+        command = [sys.executable, "-u", "-m", f"nervex.system.{role}_start", *common, *(extra or [])]
         os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
         out = open(os.path.join(self.run_dir, "logs", f"{role}.stderr"), "ab")
         # a process group per role: its children (the manager's actors) are stopped with it
@@ -138,19 +160,26 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from nervex.config import ConfigError, apply_overrides, read_config
-    from nervex.system.protocol import compile_parallel_config, default_run_dir
+    from nervex.config import ConfigError, apply_overrides, read_config, save_config, to_plain
+    from nervex.entry.builder import compile_parallel_config
+    from nervex.system.protocol import default_run_dir
 
     try:
         cfg = compile_parallel_config(apply_overrides(read_config(args.config), args.overrides))
     except (ConfigError, FileNotFoundError) as error:
-        print(f"launch: {error}", file=sys.stderr)
+        print(error if args.print_config else f"launch: {error}", file=sys.stderr)
         return 2
+    if args.print_config:
+        yaml.safe_dump(to_plain(cfg), sys.stdout, sort_keys=False, default_flow_style=False)
+        return 0
     if args.actors is not None and args.actors < 1:
         print(f"launch: --actors must be >= 1, got {args.actors}", file=sys.stderr)
         return 2
     run_dir = args.run_dir or f"{default_run_dir(cfg)}__{time.strftime('%Y%m%d-%H%M%S')}"
-    launch = Launch(args.config, run_dir, args.overrides, args.actors)
+    os.makedirs(run_dir, exist_ok=True)
+    compiled = os.path.join(run_dir, "config.yaml")
+    save_config(cfg, compiled)  # the learner writes the same config there again
+    launch = Launch(args.config, run_dir, args.overrides, args.actors, compiled_config=compiled)
     interrupted = []
     previous = signal.signal(signal.SIGTERM, lambda *a: interrupted.append("SIGTERM") or _raise_interrupt())
     start = time.monotonic()

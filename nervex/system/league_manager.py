@@ -13,10 +13,11 @@ import os
 import time
 from typing import Any, Mapping, Optional
 
+from nervex.entry.builder import compile_parallel_config
 from nervex.league import League
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
-from nervex.system.protocol import LEAGUE_UPDATE_PATH, compile_parallel_config, storage_root
+from nervex.system.protocol import LEAGUE_UPDATE_PATH, storage_root
 from nervex.system.worker import WorkerLink
 
 LEAGUE_FILE = "league.sqlite"

@@ -33,6 +33,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from nervex.entry.builder import compile_parallel_config
 from nervex.policy import set_seed
 from nervex.system.comm.codec import encode_state_dict, flatten_arrays
 from nervex.system.comm.errors import ProtocolError
@@ -41,7 +42,6 @@ from nervex.system.protocol import (
     DATA_POLL_PATH,
     LEARNER_PROGRESS_PATH,
     RUN_FINISH_PATH,
-    compile_parallel_config,
     storage_root,
 )
 from nervex.system.samples import decode_samples

@@ -22,10 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+from nervex.entry.builder import compile_parallel_config
 from nervex.system.comm.auth import load_or_create_token
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.http import Client, Server
-from nervex.system.protocol import ROUTES, compile_parallel_config
+from nervex.system.protocol import ROUTES
 from nervex.system.worker import WorkerLink
 
 RELAY_DEADLINE_S = 5.0

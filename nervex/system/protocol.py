@@ -6,11 +6,14 @@ what one role sends and another reads is declared once, here:
 * ``PROTOCOL_VERSION`` and ``config_hash``: a worker registers with both, and the coordinator refuses (403) a worker
   of another protocol or started from another config.
 * The route paths (``REGISTER_PATH`` ...): every route is a signed JSON ``POST``.
-* ``SYSTEM_CONFIG``: the declared defaults of the config's ``system`` section; ``compile_parallel_config`` validates a
-  whole parallel-mode config (the serial sections plus ``system``), so an unknown key is an error with a suggestion.
+* ``SYSTEM_CONFIG``: the declared defaults of the config's ``system`` section. ``parallel_parts`` adds it to the
+  serial run's parts, so ``nervex.entry.compile_parallel_config`` validates a whole parallel-mode config (an unknown
+  key is an error with a suggestion) and writes the policy's collect unit and counts into ``system.collect``
+  (``resolve_collect``). ``compile_coordinator_config`` re-validates such a compiled config without any policy.
 * ``require``/``optional``/``check_known`` and ``validate_collect_result``: request checks whose 400 names the field.
 
-Nothing here imports torch; the functions that need a policy class import it when called.
+Nothing here imports torch, gymnasium, a policy, an env or the builder, whatever the call: the coordinator reads
+the plain values of the compiled ``system`` section.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ import math
 import os
 import re
 import tempfile
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple, Type, Union
 
 from easydict import EasyDict
 
-from nervex.config import ConfigError, ConfigParts, Field, compile_config, is_compiled, to_plain
+from nervex.config import TOP_LEVEL_DEFAULTS, ConfigError, ConfigParts, Field, compile_config, is_compiled, to_plain
 from nervex.config.config import config_source
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import KIND_PATTERN, SUFFIX
@@ -117,7 +120,18 @@ LEAGUE_CONFIG: Dict[str, Any] = dict(
     history_every=Field(1000, ge=1),  # gradient steps between two history snapshots
 )
 
+COLLECT_CONFIG: Dict[str, Any] = dict(
+    unit=Field(None, choices=("sample", "rollout", "episode"), kind="str"),  # the policy's collect unit
+    n=Field(None, ge=1, kind="int"),  # of that unit per collect task: system.coordinator.n_sample, else the policy's
+    restart_envs=Field(None, kind="bool"),  # the envs restart at each task (on-policy episodes)
+    learning_starts=Field(None, ge=0, kind="int"),  # env steps before the first gradient step (0: on-policy)
+)
+"""``system.collect``: what one collect task asks for, as plain values. ``nervex.entry.compile_parallel_config``
+writes them from the policy's training contract; a value given by hand must equal the resolved one. The coordinator
+reads them here, so it never imports the policy."""
+
 SYSTEM_CONFIG: Dict[str, Any] = dict(
+    collect=COLLECT_CONFIG,
     storage=STORAGE_CONFIG,
     coordinator=COORDINATOR_CONFIG,
     learner=LEARNER_CONFIG,
@@ -143,28 +157,128 @@ Kind = Union[Type[Any], Tuple[Type[Any], ...]]
 
 
 # ---- config -------------------------------------------------------------------------------------------------------
-def compile_parallel_config(cfg: Mapping[str, Any]) -> EasyDict:
-    """Validate a parallel-mode config: the serial run's sections plus ``system`` (see ``SYSTEM_CONFIG``).
+RUN_SECTIONS = ("env", "policy", "replay_buffer", "learner", "actor", "evaluator")
+"""The sections of a run config besides ``system`` (``nervex.entry.config_parts`` declares what validates each)."""
 
-    Args:
-        cfg: The user's config (``read_config``), or one this function compiled (returned as it is).
 
-    Returns:
-        The compiled config, every ``system`` key present.
+class CollectTask(NamedTuple):
+    """What one collect task asks for (``system.collect``): read by ``SerialActor.collect`` like a ``CollectSpec``."""
 
-    Raises:
-        ConfigError: an unknown key (with a suggestion), a value of the wrong type or range, or keys that contradict
-            each other (``heartbeat_s >= lease_s``); the message names the dotted key and the file.
+    unit: str
+    n: int
+    restart_envs: bool
+
+
+def parallel_parts(parts: ConfigParts) -> ConfigParts:
+    """The serial run's parts (``nervex.entry.config_parts``) plus the ``system`` section and its cross-key checks.
+
+    ``system.collect`` is resolved by the caller, who knows the policy (``resolve_collect``, a check it appends).
     """
-    if is_compiled(cfg) and "system" in cfg:
-        return cfg  # type: ignore[return-value]
-    from nervex.entry.builder import config_parts
-
-    source = config_source(cfg)
-    parts: ConfigParts = config_parts(cfg, source)
     parts.sections["system"] = SYSTEM_CONFIG
     parts.checks.append(_check_coordinator)
+    return parts
+
+
+def resolve_collect(
+    out: Dict[str, Any], unit: str, n: int, restart_envs: bool, learning_starts: int, where: str = ""
+) -> None:
+    """Write the policy's collect spec into ``out['system']['collect']`` (a ``ConfigParts`` check's body).
+
+    Args:
+        out: The merged config (``system`` compiled).
+        unit, n, restart_envs: The policy's ``CollectSpec``; ``system.coordinator.n_sample`` replaces ``n`` when set.
+        learning_starts: The policy's ``LearnSpec.learning_starts``.
+        where: `` in <file>``, for messages.
+
+    Raises:
+        ConfigError: ``system.coordinator.n_sample`` set for a policy that does not collect samples, or a
+            ``system.collect`` key given by hand that differs from the resolved value.
+    """
+    n_sample = out["system"]["coordinator"]["n_sample"]
+    if n_sample is not None and unit != "sample":
+        raise ConfigError(
+            f"key 'system.coordinator.n_sample'{where} applies to off-policy sample collection; this policy "
+            f"collects by {unit} (set it in the policy's collect section instead)"
+        )
+    resolved = dict(
+        unit=str(unit),
+        n=int(n if n_sample is None else n_sample),
+        restart_envs=bool(restart_envs),
+        learning_starts=int(learning_starts),
+    )
+    given = out["system"]["collect"]
+    for key, value in resolved.items():
+        if given.get(key) is not None and given[key] != value:
+            raise ConfigError(
+                f"key 'system.collect.{key}'{where} is {given[key]!r}, but the policy's training contract makes it "
+                f"{value!r}: system.collect is written from the policy section (and system.coordinator.n_sample); "
+                "leave it out"
+            )
+    out["system"]["collect"] = resolved
+
+
+def compile_coordinator_config(cfg: Mapping[str, Any], source: Optional[str] = None) -> EasyDict:
+    """Re-validate a config that ``nervex.entry.compile_parallel_config`` compiled, knowing no policy or env.
+
+    The top-level keys and the ``system`` section are checked against their declarations (and ``system.collect``
+    must be resolved); the serial sections are taken as they are: the entry validated them. This is how the
+    coordinator reads a run's ``config.yaml``. A config compiled this way hashes as the entry's compile did.
+
+    Args:
+        cfg: A compiled parallel config, or one read back from the YAML that ``save_config`` wrote of it.
+        source: The file it came from, for messages.
+
+    Raises:
+        ConfigError: an unknown key, a bad value (the message names the dotted key), or ``system.collect`` not
+            resolved (a user's YAML that the entry has not compiled).
+    """
+    if is_compiled(cfg) and "system" in cfg and is_parallel_compiled(cfg):
+        return cfg  # type: ignore[return-value]
+    source = source or config_source(cfg)
+    user = to_plain(cfg)
+    _require_compiled(user, f" in {os.path.basename(source)}" if source else "")  # before the merge fills keys in
+    sections: Dict[str, Any] = {name: {} for name in RUN_SECTIONS if name in user}
+    parts = ConfigParts(
+        sections=dict(sections, system=SYSTEM_CONFIG),
+        top=dict(TOP_LEVEL_DEFAULTS),
+        open_sections=list(sections),
+        checks=[_check_coordinator],
+    )
     return compile_config(cfg, parts, source)
+
+
+def is_parallel_compiled(cfg: Mapping[str, Any]) -> bool:
+    """Whether ``cfg`` is a compiled parallel config (or the YAML of one): every top-level key, every section the
+    entry always writes, and a resolved ``system.collect``. A user's YAML is not."""
+    return _first_uncompiled_key(to_plain(cfg)) is None
+
+
+def _first_uncompiled_key(cfg: Mapping[str, Any]) -> Optional[str]:
+    """The first key a compiled parallel config has and ``cfg`` lacks (or holds as null), else None."""
+    system = cfg.get("system")
+    collect = system.get("collect") if isinstance(system, Mapping) else None
+    if not isinstance(collect, Mapping):
+        return "system.collect"
+    for key in COLLECT_CONFIG:
+        if collect.get(key) is None:
+            return f"system.collect.{key}"
+    for key in list(TOP_LEVEL_DEFAULTS) + [s for s in RUN_SECTIONS if s != "replay_buffer"]:
+        if key not in cfg:
+            return key
+    return None
+
+
+def _require_compiled(user: Dict[str, Any], where: str) -> None:
+    missing = _first_uncompiled_key(user)
+    if missing:
+        raise ConfigError(
+            f"key '{missing}'{where} is not set: the coordinator reads a config compiled for the parallel mode; "
+            "compile it with nervex.entry.compile_parallel_config (or `python -m nervex.system.launch CONFIG "
+            "--print-config`), which fills every key and writes system.collect from the policy"
+        )
+    for name in RUN_SECTIONS:
+        if name in user and not isinstance(user[name], Mapping):
+            raise ConfigError(f"key '{name}'{where} expects a mapping, got {user[name]!r}")
 
 
 def _check_coordinator(out: Dict[str, Any], where: str) -> None:
@@ -181,41 +295,17 @@ def _check_coordinator(out: Dict[str, Any], where: str) -> None:
             f"key 'system.coordinator.hard_queued_results'{where} is {hard}, below max_queued_results = "
             f"{section['max_queued_results']}; it must be >= it (or null: twice it)"
         )
-    if section["n_sample"] is not None:
-        unit = _policy_contract(out).collect.unit
-        if unit != "sample":
-            raise ConfigError(
-                f"key 'system.coordinator.n_sample'{where} applies to off-policy sample collection; this policy "
-                f"collects by {unit} (set it in the policy's collect section instead)"
-            )
 
 
-def _policy_contract(cfg: Mapping[str, Any]) -> Any:
-    from nervex.entry.builder import resolve_policy_class
-
-    policy_cls = resolve_policy_class(cfg["policy"], source=config_source(cfg))
-    return policy_cls.contract(cfg["policy"])
-
-
-def collect_spec(cfg: Mapping[str, Any]) -> Any:
-    """What one collect task asks for: the policy's ``CollectSpec``, its count replaced by ``system.coordinator.n_sample``.
-
-    Args:
-        cfg: A compiled parallel config.
-
-    Returns:
-        A ``nervex.policy.contract.CollectSpec`` (``unit``, ``n``, ``restart_envs``).
-    """
-    import dataclasses
-
-    spec = _policy_contract(cfg).collect
-    n_sample = cfg["system"]["coordinator"]["n_sample"]
-    return spec if n_sample is None else dataclasses.replace(spec, n=int(n_sample))
+def collect_spec(cfg: Mapping[str, Any]) -> CollectTask:
+    """What one collect task asks for: ``system.collect`` of a compiled parallel config (plain values)."""
+    collect = cfg["system"]["collect"]
+    return CollectTask(str(collect["unit"]), int(collect["n"]), bool(collect["restart_envs"]))
 
 
 def learning_starts(cfg: Mapping[str, Any]) -> int:
-    """Env steps the learner collects before its first gradient step (0 for on-policy data)."""
-    return int(_policy_contract(cfg).learn.learning_starts)
+    """Env steps the learner collects before its first gradient step (0 for on-policy data): ``system.collect``."""
+    return int(cfg["system"]["collect"]["learning_starts"])
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:
@@ -225,10 +315,9 @@ def config_hash(cfg: Mapping[str, Any]) -> str:
     port or storage mount point it was given (``LOCAL_KEYS``).
 
     Args:
-        cfg: A config; one that ``compile_parallel_config`` has not compiled is compiled first.
+        cfg: A compiled parallel config (``nervex.entry.compile_parallel_config``), or the YAML written of one.
     """
-    if not (is_compiled(cfg) and "system" in cfg):
-        cfg = compile_parallel_config(cfg)
+    cfg = compile_coordinator_config(cfg)
     plain = to_plain(cfg)
     system = plain.get("system") or {}
     plain["system"] = {
@@ -419,7 +508,13 @@ __all__ = [
     "STORAGE_CONFIG",
     "LOCAL_KEYS",
     "COLLECT_RESULT_FIELDS",
-    "compile_parallel_config",
+    "COLLECT_CONFIG",
+    "RUN_SECTIONS",
+    "CollectTask",
+    "parallel_parts",
+    "resolve_collect",
+    "compile_coordinator_config",
+    "is_parallel_compiled",
     "collect_spec",
     "learning_starts",
     "config_hash",

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from app_zoo.classic_control.cartpole.envs import CartPoleEnv, CartPoleNoVelEnv
-from nervex.config import apply_overrides, compile_config, read_config
+from nervex.config import apply_overrides, read_config
+from nervex.entry import compile_config
 from nervex.envs import GymEnv, create_env, get_env_cls
 from nervex.envs.check_env import check_env
 

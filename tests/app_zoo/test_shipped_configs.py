@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from nervex.config import apply_overrides, compile_config, read_config
-from nervex.entry import SerialTrainer
+from nervex.config import apply_overrides, read_config
+from nervex.entry import SerialTrainer, compile_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "app_zoo", "**", "config", "*.yaml"), recursive=True))

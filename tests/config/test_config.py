@@ -7,7 +7,8 @@ import textwrap
 
 import pytest
 
-from nervex.config import ConfigError, apply_overrides, compile_config, read_config, validate_merge
+from nervex.config import ConfigError, apply_overrides, read_config, validate_merge
+from nervex.entry import compile_config
 
 CARTPOLE = "app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from nervex.config import compile_config, read_config
-from nervex.entry import SerialTrainer
+from nervex.config import read_config
+from nervex.entry import SerialTrainer, compile_config
 from nervex.envs import BaseEnv, BaseEnvInfo, BaseEnvTimestep
 from nervex.policy import DQNPolicy, create_policy
 from nervex.utils import ENV_REGISTRY

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from nervex.config import ConfigError, compile_config, read_config
+from nervex.config import ConfigError, read_config
+from nervex.entry import compile_config
 from nervex.policy import IMPALAPolicy, create_policy
 from nervex.policy.actor_critic import dist_from_output
 from nervex.rl_utils import vtrace_data, vtrace_error

@@ -192,7 +192,8 @@ def test_pong_config_builds_and_takes_a_learn_step_on_random_frames():
     """The shipped Pong config's policy (no Atari ROMs needed): conv encoder, LSTM 512, one learn step, batch of 2."""
     import os
 
-    from nervex.config import compile_config, read_config
+    from nervex.config import read_config
+    from nervex.entry import compile_config
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cfg = compile_config(read_config(os.path.join(root, "app_zoo/atari/config/pong_r2d2.yaml"))).policy

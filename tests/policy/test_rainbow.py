@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from nervex.config import ConfigError, compile_config, read_config
-from nervex.entry import SerialTrainer
+from nervex.config import ConfigError, read_config
+from nervex.entry import SerialTrainer, compile_config
 from nervex.model import DistributionalHead, NoisyLinear
 from nervex.policy import RainbowPolicy, create_policy
 from nervex.torch_utils import load_checkpoint, save_checkpoint

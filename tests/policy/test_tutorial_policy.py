@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from nervex.config import compile_config, read_config
+from nervex.config import read_config
+from nervex.entry import compile_config
 from nervex.utils import POLICY_REGISTRY
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -59,7 +59,8 @@ GRAD_CLIP = 1.0  # clipping acts on the averaged gradient: part of what is compa
 
 def make_dqn_policy(seed: int) -> Any:
     """The DQN policy of ``cartpole_dqn.yaml`` (learn mode), seeded, with a short target period and clipping."""
-    from nervex.config import compile_config, read_config
+    from nervex.config import read_config
+    from nervex.entry import compile_config
     from nervex.entry.builder import make_env_managers, make_policy
     from nervex.policy.base_policy import set_seed
 
@@ -101,7 +102,8 @@ def cartpole_batch(n: int, seed: int) -> Dict[str, torch.Tensor]:
 
 def make_sac_policy(seed: int) -> Any:
     """The SAC policy of ``pendulum_sac.yaml`` (learn mode, automatic temperature), seeded."""
-    from nervex.config import compile_config, read_config
+    from nervex.config import read_config
+    from nervex.entry import compile_config
     from nervex.entry.builder import make_env_managers, make_policy
     from nervex.policy.base_policy import set_seed
 

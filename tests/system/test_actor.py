@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from nervex.config import read_config
+from nervex.entry import compile_parallel_config
 from nervex.system.comm.codec import encode_state_dict
 from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
@@ -40,7 +41,7 @@ def make_cfg() -> Any:
     cfg.policy.learn.learning_starts = LEARNING_STARTS
     cfg.policy.model.hidden_sizes = [32, 32]
     cfg.system = {"coordinator": {"tick_s": 3600.0, "min_free_bytes": 0, "samples_per_insert": 1000.0}}
-    return cfg
+    return compile_parallel_config(cfg)
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> float:

@@ -23,12 +23,7 @@ from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
-from nervex.system.protocol import (
-    TASK_COMPLETE_PATH,
-    TASK_LEASE_PATH,
-    compile_parallel_config,
-    storage_root,
-)
+from nervex.system.protocol import TASK_COMPLETE_PATH, TASK_LEASE_PATH, storage_root
 from nervex.system.samples import decode_samples, encode_samples
 from nervex.system.worker import WorkerExit
 
@@ -56,7 +51,7 @@ def registered(coord: Coordinator) -> Coordinator:
 
 
 def _io(coordinator: Any, worker_id: str = "actor0", min_free_bytes: int = 0, url: Any = "coordinator") -> ActorIO:
-    cfg = compile_parallel_config(make_cfg())
+    cfg = make_cfg()
     storage = Storage(storage_root(coordinator.cfg, coordinator.run_dir), min_free_bytes=min_free_bytes)
     address = coordinator.url if url == "coordinator" else url
     return ActorIO(cfg, str(coordinator.run_dir), worker_id, address, TOKEN, storage, {"index": 0}, LOGGER)

@@ -36,6 +36,7 @@ import requests
 import torch
 
 from nervex.config import apply_overrides, read_config
+from nervex.entry import compile_parallel_config
 from nervex.system.comm.auth import TOKEN_ENV, TOKEN_FILE, load_or_create_token, sign_request
 from nervex.system.comm.codec import encode_arrays, encode_state_dict
 from nervex.system.comm.http import Client
@@ -50,7 +51,6 @@ from nervex.system.protocol import (
     TASK_COMPLETE_PATH,
     TASK_FAIL_PATH,
     TASK_LEASE_PATH,
-    compile_parallel_config,
     config_hash,
     read_coordinator_url,
     storage_root,
@@ -77,7 +77,7 @@ def make_cfg() -> Any:
     cfg.policy.learn.learning_starts = 10**9
     cfg.policy.model.hidden_sizes = [32, 32]  # small checkpoints: a few fit on the 1 MiB disk
     cfg.system = {"coordinator": {"tick_s": 3600.0, "min_free_bytes": 0}}
-    return cfg
+    return compile_parallel_config(cfg)
 
 
 class Canary:
@@ -566,7 +566,7 @@ def test_an_on_policy_learner_skips_rollouts_it_cannot_train_on_and_keeps_traini
     before and after the first real rollout, and the real ones are trained on."""
     from nervex.entry.builder import make_actor, make_env_managers, make_policy
     from nervex.system.learner import LearnerRole
-    from nervex.system.protocol import collect_spec, compile_parallel_config
+    from nervex.system.protocol import collect_spec
 
     raw = read_config(REPO_ROOT / "app_zoo" / "classic_control" / "cartpole" / "config" / "cartpole_ppo.yaml")
     raw.env.collector_env_num = 1
@@ -588,7 +588,7 @@ def test_an_on_policy_learner_skips_rollouts_it_cannot_train_on_and_keeps_traini
         ("another obs shape", encode_samples(wide), "field 'obs'"),
         ("rollout 2", encode_samples(rollouts[1]), None),
     ]
-    coord = Coordinator(raw, str(run_dir), token=TOKEN, logger=logging.getLogger("test_bad_input.coordinator"))
+    coord = Coordinator(cfg, str(run_dir), token=TOKEN, logger=logging.getLogger("test_bad_input.coordinator"))
     coord.start()
     learner = None
     try:

@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from nervex.config import ConfigError, read_config, save_config, to_plain
+from nervex.entry import compile_parallel_config
 from nervex.system import coordinator as coordinator_module
 from nervex.system.backpressure import collect_budget
 from nervex.system.comm.auth import load_or_create_token, sign_request
@@ -41,7 +42,6 @@ from nervex.system.protocol import (
     TASK_COMPLETE_PATH,
     TASK_FAIL_PATH,
     TASK_LEASE_PATH,
-    compile_parallel_config,
     config_hash,
     read_coordinator_url,
     storage_root,
@@ -66,12 +66,12 @@ class FakeClock:
 
 
 def make_cfg(learning_starts: Optional[int] = None, **coordinator: Any) -> Any:
-    """cartpole_dqn.yaml with a ``system.coordinator`` section."""
+    """cartpole_dqn.yaml with a ``system.coordinator`` section, compiled (what a coordinator reads)."""
     cfg = read_config(CARTPOLE_DQN)
     cfg.system = {"coordinator": dict(MANUAL, **coordinator)}
     if learning_starts is not None:
         cfg.policy.learn.learning_starts = learning_starts
-    return cfg
+    return compile_parallel_config(cfg)
 
 
 class Harness:

@@ -353,13 +353,14 @@ def test_killed_and_stopped_actors_lose_and_duplicate_nothing(tmp_path):
     assert f"dropped a stale result of task {held['stopped']} and deleted" in coordinator_log
     # the unreported file is an orphan: the coordinator's sweep deletes it once it is older than a task can live
     from nervex.config import apply_overrides
+    from nervex.entry import compile_parallel_config
     from nervex.system.coordinator import Coordinator
 
     orphan = run_dir / "storage" / unreported
     if orphan.exists():
         time.sleep(max(0.0, 2.0 * 4 + 0.5 - (time.time() - orphan.stat().st_mtime)))
         cfg = apply_overrides(read_config(str(DQN)), ["num_threads=1", *overrides])
-        with Coordinator(cfg, str(run_dir)) as coordinator:
+        with Coordinator(compile_parallel_config(cfg), str(run_dir)) as coordinator:
             assert coordinator.sweep()["orphans"] >= 1
     assert not orphan.exists()
     assert "result dropped" in (run_dir / "logs" / "actor-1.log").read_text()

@@ -7,12 +7,33 @@
 - ``storage``: content-addressed files under the run's storage path, written atomically and verified on read.
 """
 
-from .auth import RequestVerifier, load_or_create_token, sign_request
-from .codec import decode_arrays, decode_state_dict, encode_arrays, encode_state_dict
-from .errors import ProtocolError
-from .http import Client, Server
-from .schema import ArraySpec, Schema
-from .storage import Storage
+import importlib
+from typing import Any
+
+# Imported on first use (PEP 562), not with the package: the coordinator reaches ``errors`` and ``storage`` through
+# ``nervex.system.protocol`` and must not import the codec's torch with them.
+_HOMES = {
+    "RequestVerifier": "auth",
+    "load_or_create_token": "auth",
+    "sign_request": "auth",
+    "decode_arrays": "codec",
+    "decode_state_dict": "codec",
+    "encode_arrays": "codec",
+    "encode_state_dict": "codec",
+    "ProtocolError": "errors",
+    "Client": "http",
+    "Server": "http",
+    "ArraySpec": "schema",
+    "Schema": "schema",
+    "Storage": "storage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+
 
 __all__ = [
     "ArraySpec",
