@@ -7,8 +7,9 @@ another coordinator holds.
 
 The coordinator process imports no torch, gymnasium, policy or env module. It reads plain values from the compiled
 config's ``system`` section: ``--config`` is either a compiled config (the run's ``config.yaml`` that
-``python -m nervex.system.launch`` writes) or the user's YAML, which a child process
-(``python -m nervex.system.launch CONFIG --print-config``) compiles against the policy and env it names.
+``python -m nervex.system.launch`` writes), read as it is, or the user's YAML (or any config with ``--set``
+overrides), which a child process (``python -m nervex.system.launch CONFIG --print-config``) compiles against the
+policy and env it names.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def load_compiled_config(args: argparse.Namespace) -> Optional[Tuple[Any, str]]:
 
     try:
         cfg = apply_overrides(read_config(args.config), args.overrides)
-        if not is_parallel_compiled(cfg):
+        if args.overrides or not is_parallel_compiled(cfg):  # an override may change what system.collect resolves to
             cfg = _compile_in_child(args)
         cfg = compile_coordinator_config(cfg, source=args.config)
     except (ConfigError, FileNotFoundError) as error:
@@ -62,7 +63,13 @@ def _compile_in_child(args: argparse.Namespace) -> Any:
     done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     if done.returncode != 0:
         raise ConfigError(done.stderr.strip() or f"compiling {args.config} failed with status {done.returncode}")
-    return yaml.safe_load(done.stdout)
+    try:
+        compiled = yaml.safe_load(done.stdout)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"`{' '.join(command)}` printed no YAML config: {error}") from None
+    if not isinstance(compiled, dict):
+        raise ConfigError(f"`{' '.join(command)}` printed {type(compiled).__name__}, not a config mapping")
+    return compiled
 
 
 def main(argv: Optional[List[str]] = None) -> int:
