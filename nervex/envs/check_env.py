@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep
+from .multi_agent import TEAM_REDUCTIONS, reward_shape
 
 # attributes under which nervex envs keep the Gymnasium env they wrap, in the order they are tried
 GYM_ENV_ATTRS = ("gym_env", "_gym_env", "_env", "env")
@@ -98,6 +99,32 @@ def _check_env_info(env_info: Any) -> None:
     steps = env_info.max_episode_steps
     if steps is not None and (not isinstance(steps, int) or steps < 1):
         raise EnvCheckError(f"info().max_episode_steps must be None or an int >= 1, got {steps!r}")
+    _check_agents_info(env_info)
+
+
+def _check_agents_info(env_info: BaseEnvInfo) -> None:
+    """The many-agent fields: agent ids match agent_num, a known team reduction, a reward shape () or (agent_num,)."""
+    ids = env_info.agent_ids
+    if not isinstance(ids, tuple) or not all(isinstance(a, str) for a in ids) or len(set(ids)) != len(ids):
+        raise EnvCheckError(f"info().agent_ids must be a tuple of distinct str, got {ids!r}")
+    if ids and len(ids) != env_info.agent_num:
+        raise EnvCheckError(f"info().agent_num = {env_info.agent_num} but agent_ids names {len(ids)}: {list(ids)}")
+    if env_info.team_reward not in TEAM_REDUCTIONS:
+        raise EnvCheckError(f"info().team_reward must be one of {TEAM_REDUCTIONS}, got {env_info.team_reward!r}")
+    shape = reward_shape(env_info)
+    if shape not in ((), (env_info.agent_num,)):
+        raise EnvCheckError(
+            f"info().rew_space has shape {shape}; it must be () (a scalar reward) or ({env_info.agent_num},) "
+            f"(one reward per agent)"
+        )
+    if env_info.state_space is not None and not isinstance(env_info.state_space, gym.Space):
+        raise EnvCheckError(f"info().state_space must be None or a gymnasium.Space, got {env_info.state_space!r}")
+    if env_info.turn_based and not _has_key(env_info.obs_space, "to_play"):
+        raise EnvCheckError("info().turn_based is True but obs_space has no 'to_play' key; the acting seat is unknown")
+
+
+def _has_key(space: gym.Space, key: str) -> bool:
+    return isinstance(space, gym.spaces.Dict) and key in space.spaces
 
 
 def _run_gymnasium_checker(gym_env: gym.Env) -> None:
