@@ -5,6 +5,7 @@ from .check_env import EnvCheckError, check_env
 from .factory import ENV_PIPELINE_KEYS, create_env, get_env_cls
 from .gym_env import GymEnv, UnknownEnvIdError
 from .multi_agent import TEAM_REDUCTIONS, agent_array, reward_shape, sample_action, team_value
+from .pettingzoo_env import PettingZooAECEnv
 from .wrappers import ENV_WRAPPER_REGISTRY
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "BaseEnvTimestep",
     "EnvResetRequest",
     "GymEnv",
+    "PettingZooAECEnv",
     "UnknownEnvIdError",
     "ENV_WRAPPER_REGISTRY",
     "ENV_PIPELINE_KEYS",
