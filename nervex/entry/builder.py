@@ -265,6 +265,11 @@ def make_learner(cfg: Mapping[str, Any], policy: Any, run_dir: Optional[str], lo
     return BaseLearner(cfg["learner"], policy.learn_mode, run_dir, logger, writer)
 
 
+def _snapshot_policy_factory(cfg: Mapping[str, Any], env_manager: Any) -> Any:
+    """Makes a fresh eval-only policy of ``cfg.policy`` (a ``snapshot`` slot's, an opponent's)."""
+    return lambda: make_policy(cfg, env_manager.env_info(), enable_field=["eval"]).eval_mode
+
+
 def make_actor(
     cfg: Mapping[str, Any],
     env_manager: Any,
@@ -272,7 +277,8 @@ def make_actor(
     seed: int,
     callbacks: Optional[Any] = None,
 ) -> Any:
-    """A ``SerialActor`` over the policy's collect mode (writing trajectories to ``actor.save_data`` if set)."""
+    """A ``SerialActor`` over the policy's collect mode and the player slots of ``actor.slots`` (writing
+    trajectories to ``actor.save_data`` if set)."""
     from nervex.worker.actor import SerialActor
 
     writer = None
@@ -281,15 +287,33 @@ def make_actor(
 
         writer = TrajectoryWriter(cfg["actor"]["save_data"])
     return SerialActor(
-        cfg["actor"], env_manager, policy.collect_mode, callbacks=callbacks, data_writer=writer, seed=seed
+        cfg["actor"],
+        env_manager,
+        policy.collect_mode,
+        callbacks=callbacks,
+        data_writer=writer,
+        seed=seed,
+        policy_factory=_snapshot_policy_factory(cfg, env_manager),
     )
 
 
-def make_evaluator(cfg: Mapping[str, Any], env_manager: Any, policy: Any) -> Any:
-    """A ``SerialEvaluator`` over the policy's eval mode."""
+def make_evaluator(cfg: Mapping[str, Any], env_manager: Any, policy: Any, seed: Optional[int] = None) -> Any:
+    """A ``SerialEvaluator`` over the policy's eval mode, against the act-only slots of ``actor.slots``.
+
+    Args:
+        seed: Seeds the act-only slots' random actions (offset by ``EVAL_SEED_OFFSET``); default: ``cfg.seed``.
+    """
     from nervex.worker.actor import SerialEvaluator
 
-    return SerialEvaluator(cfg["evaluator"], env_manager, policy.eval_mode)
+    seed = int(cfg.get("seed", 0) if seed is None else seed) + EVAL_SEED_OFFSET
+    return SerialEvaluator(
+        cfg["evaluator"],
+        env_manager,
+        policy.eval_mode,
+        slots=(cfg.get("actor") or {}).get("slots"),
+        seed=seed,
+        policy_factory=_snapshot_policy_factory(cfg, env_manager),
+    )
 
 
 __all__ = [

@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 
 from nervex.config import ConfigError
-from nervex.envs.multi_agent import sample_action, team_value
+from nervex.envs import sample_action, team_value
 
 Output = Dict[str, Any]
 SLOT_KINDS = ("learn", "random", "snapshot", "callable")
