@@ -37,6 +37,7 @@ setup(
             "mujoco>=3.0",
             "imageio>=2.14",
             "gymnasium[box2d]>=1.0",  # LunarLander configs are smoke-tested too
+            "pettingzoo[classic]>=1.24",  # the games (tic-tac-toe) and the PettingZoo adapter's tests
         ],
         "fast": [],  # kept for old install commands: numba, which it used to add, is now a dependency
         "bench": [
@@ -49,7 +50,12 @@ setup(
         ],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],  # cv2: the reference INTER_AREA resize
         "mujoco": ["mujoco>=3.0", "imageio>=2.14"],
-        "box2d": ["gymnasium[box2d]>=1.0"],  # a cp311 box2d wheel: no swig needed  # gymnasium.envs.mujoco imports imageio
+        "box2d": [
+            "gymnasium[box2d]>=1.0"
+        ],  # a cp311 box2d wheel: no swig needed  # gymnasium.envs.mujoco imports imageio
+        # turn-based games through nervex.envs.PettingZooAECEnv (tic-tac-toe is PettingZoo's classic/tictactoe-v3);
+        # the classic family's renderer wants pygame(-ce), which PettingZoo's extra pulls
+        "games": ["pettingzoo[classic]>=1.24"],
         "dist": [],  # kept for old install commands: the parallel mode's packages are dependencies now
     },
     entry_points={"console_scripts": ["nervex=nervex.entry.cli:main"]},

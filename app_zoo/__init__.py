@@ -1,9 +1,10 @@
 """Ready environments and configs. Importing ``app_zoo`` registers every env whose dependencies are installed:
-``cartpole`` and ``pendulum`` always, ``atari`` and ``mujoco`` through their own guarded imports."""
+``cartpole``, ``pendulum`` and ``tictactoe`` always (the game's package is imported when it is built), ``atari`` and
+``mujoco`` through their own guarded imports."""
 
 import importlib
 
-from . import classic_control  # noqa: F401
+from . import classic_control, games  # noqa: F401
 
 for _name in ("app_zoo.atari", "app_zoo.mujoco"):
     try:

@@ -222,6 +222,32 @@ class GaussianSamplePlugin(AgentPlugin):
 
 
 # ---- execution context ---------------------------------------------------------------------------------------------
+class DictObsPlugin(AgentPlugin):
+    """Feeds the model ``data[obs_key]`` of a dict observation (``{'obs', 'action_mask', 'to_play', ...}``).
+
+    Added first (next to the model), it lets the sampling plugins outside it read ``data['action_mask']`` while
+    the model sees only its input. Data that is not a dict holding ``obs_key`` passes through unchanged.
+
+    Shapes:
+        ``data[obs_key]`` ``(B, *obs_shape)`` -> the model's output.
+    """
+
+    name = "dict_obs"
+
+    def __init__(self, obs_key: str = "obs") -> None:
+        if not isinstance(obs_key, str) or not obs_key:
+            raise TypeError(f"dict_obs plugin: obs_key must be a non-empty string, got {obs_key!r}")
+        self.obs_key = obs_key
+
+    def __call__(self, forward: ForwardFn, data: Any, **kwargs: Any) -> Dict[str, Any]:
+        if isinstance(data, dict) and self.obs_key in data:
+            return forward(data[self.obs_key])
+        return forward(data)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(obs_key={self.obs_key!r})"
+
+
 class GradPlugin(AgentPlugin):
     """Runs the forward under ``torch.no_grad()`` when ``enable_grad`` is False.
 
@@ -429,6 +455,7 @@ for _cls in (
     EpsGreedySamplePlugin,
     MultinomialSamplePlugin,
     GaussianSamplePlugin,
+    DictObsPlugin,
     GradPlugin,
     HiddenStatePlugin,
 ):

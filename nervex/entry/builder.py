@@ -222,30 +222,85 @@ def _check_on_policy_manager(out: Dict[str, Any], where: str) -> None:
 
 
 # ---- parts ----------------------------------------------------------------------------------------------------------
+def _model_obs_shape(env_info: Any) -> Tuple[int, ...]:
+    """The shape one model input has: the ``obs`` key of a Dict space, per agent for a simultaneous-move env."""
+    import gymnasium as gym
+
+    space = env_info.obs_space
+    if isinstance(space, gym.spaces.Dict):
+        if "obs" not in space.spaces:
+            raise ConfigError(
+                f"cannot size the model's input from a Dict observation space without an 'obs' key (keys: "
+                f"{sorted(space.spaces)}); set model.obs_dim (or model.obs_shape) in the config"
+            )
+        space = space["obs"]
+    if space.shape is None:
+        raise ConfigError(f"cannot size the model's input from the observation space {space}; set model.obs_dim")
+    shape = tuple(space.shape)
+    agents = getattr(env_info, "agent_num", 1)
+    if agents > 1 and not getattr(env_info, "turn_based", False) and shape[:1] == (agents,):
+        shape = shape[1:]  # observations stacked per agent: a (shared) agent net sees one row
+    return shape
+
+
+def _model_action_dim(act_space: Any) -> int:
+    """Actions of one agent: Discrete ``n``, a Box's size, the common size of a per-agent MultiDiscrete."""
+    import gymnasium as gym
+
+    if isinstance(act_space, gym.spaces.Discrete):
+        return int(act_space.n)
+    if isinstance(act_space, gym.spaces.Box):
+        return int(np.prod(act_space.shape))
+    if isinstance(act_space, gym.spaces.MultiDiscrete) and act_space.nvec.ndim == 1:
+        sizes = sorted(set(act_space.nvec.tolist()))
+        if len(sizes) == 1:
+            return int(sizes[0])
+        raise ConfigError(
+            f"cannot size model.action_dim: the agents of {act_space} have different action counts {sizes}; a "
+            f"shared agent net needs one size: set model.action_dim (and mask the extra actions per agent)"
+        )
+    raise ConfigError(f"cannot size the model's output from the action space {act_space}; set model.action_dim")
+
+
 def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], env_info: Any) -> None:
     """Fill ``obs_dim``/``obs_shape``/``action_dim``/``action_space`` of the model config from the env's spaces,
     and ``action_low``/``action_high`` (lists, from a ``Box``'s ``low``/``high``), for the keys the model's
-    constructor takes and the config leaves out."""
+    constructor takes and the config leaves out.
+
+    A Dict observation space sizes the input from its ``obs`` key (the action mask and ``to_play`` are not model
+    inputs); a simultaneous-move env's per-agent observations (leading axis ``agent_num``) size one agent's input;
+    a per-agent ``MultiDiscrete`` of equal sizes gives ``action_dim`` = that size (one agent's actions).
+
+    Raises:
+        ConfigError: a space it cannot size, naming the model key to set (``model.obs_dim``, ``model.action_dim``).
+    """
     import gymnasium as gym
 
     if model_cls is None:
         return
     params = inspect.signature(model_cls.__init__).parameters
-    obs_shape = tuple(env_info.obs_space.shape or ())
+
+    def wanted(key: str) -> bool:
+        return key in params and model_cfg.get(key) is None
+
+    if wanted("obs_dim") or wanted("obs_shape"):
+        obs_shape = _model_obs_shape(env_info)
+        if wanted("obs_dim"):
+            model_cfg["obs_dim"] = int(np.prod(obs_shape)) if len(obs_shape) <= 1 else list(obs_shape)
+        if wanted("obs_shape"):
+            model_cfg["obs_shape"] = list(obs_shape)
     act_space = env_info.act_space
-    discrete = isinstance(act_space, gym.spaces.Discrete)
-    if "obs_dim" in params and model_cfg.get("obs_dim") is None:
-        model_cfg["obs_dim"] = int(np.prod(obs_shape)) if len(obs_shape) <= 1 else list(obs_shape)
-    if "obs_shape" in params and model_cfg.get("obs_shape") is None:
-        model_cfg["obs_shape"] = list(obs_shape)
-    if "action_dim" in params and model_cfg.get("action_dim") is None:
-        model_cfg["action_dim"] = int(act_space.n) if discrete else int(np.prod(act_space.shape))
-    if "action_space" in params and model_cfg.get("action_space") is None:
+    if wanted("action_dim"):
+        model_cfg["action_dim"] = _model_action_dim(act_space)
+    if wanted("action_space"):
+        discrete = isinstance(act_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+        if not discrete and not isinstance(act_space, gym.spaces.Box):
+            raise ConfigError(f"cannot tell model.action_space from {act_space}; set it to 'discrete' or 'continuous'")
         model_cfg["action_space"] = "discrete" if discrete else "continuous"
     if isinstance(act_space, gym.spaces.Box):
         # a bounded actor (QAC) squashes into the env's own bounds, whatever they are
         for key, bound in (("action_low", act_space.low), ("action_high", act_space.high)):
-            if key in params and model_cfg.get(key) is None:
+            if wanted(key):
                 model_cfg[key] = np.asarray(bound, dtype=np.float64).reshape(-1).tolist()
 
 
@@ -324,6 +379,11 @@ def make_learner(cfg: Mapping[str, Any], policy: Any, run_dir: Optional[str], lo
     return BaseLearner(cfg["learner"], policy.learn_mode, run_dir, logger, writer)
 
 
+def _snapshot_policy_factory(cfg: Mapping[str, Any], env_manager: Any) -> Any:
+    """Makes a fresh eval-only policy of ``cfg.policy`` (a ``snapshot`` slot's, an opponent's)."""
+    return lambda: make_policy(cfg, env_manager.env_info(), enable_field=["eval"]).eval_mode
+
+
 def make_actor(
     cfg: Mapping[str, Any],
     env_manager: Any,
@@ -331,7 +391,8 @@ def make_actor(
     seed: int,
     callbacks: Optional[Any] = None,
 ) -> Any:
-    """A ``SerialActor`` over the policy's collect mode (writing trajectories to ``actor.save_data`` if set)."""
+    """A ``SerialActor`` over the policy's collect mode and the player slots of ``actor.slots`` (writing
+    trajectories to ``actor.save_data`` if set)."""
     from nervex.worker.actor import SerialActor
 
     writer = None
@@ -340,15 +401,33 @@ def make_actor(
 
         writer = TrajectoryWriter(cfg["actor"]["save_data"])
     return SerialActor(
-        cfg["actor"], env_manager, policy.collect_mode, callbacks=callbacks, data_writer=writer, seed=seed
+        cfg["actor"],
+        env_manager,
+        policy.collect_mode,
+        callbacks=callbacks,
+        data_writer=writer,
+        seed=seed,
+        policy_factory=_snapshot_policy_factory(cfg, env_manager),
     )
 
 
-def make_evaluator(cfg: Mapping[str, Any], env_manager: Any, policy: Any) -> Any:
-    """A ``SerialEvaluator`` over the policy's eval mode."""
+def make_evaluator(cfg: Mapping[str, Any], env_manager: Any, policy: Any, seed: Optional[int] = None) -> Any:
+    """A ``SerialEvaluator`` over the policy's eval mode, against the act-only slots of ``actor.slots``.
+
+    Args:
+        seed: Seeds the act-only slots' random actions (offset by ``EVAL_SEED_OFFSET``); default: ``cfg.seed``.
+    """
     from nervex.worker.actor import SerialEvaluator
 
-    return SerialEvaluator(cfg["evaluator"], env_manager, policy.eval_mode)
+    seed = int(cfg.get("seed", 0) if seed is None else seed) + EVAL_SEED_OFFSET
+    return SerialEvaluator(
+        cfg["evaluator"],
+        env_manager,
+        policy.eval_mode,
+        slots=(cfg.get("actor") or {}).get("slots"),
+        seed=seed,
+        policy_factory=_snapshot_policy_factory(cfg, env_manager),
+    )
 
 
 __all__ = [

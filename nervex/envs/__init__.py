@@ -1,9 +1,11 @@
-"""nervex environments: the env contract, ``GymEnv`` for any Gymnasium id, wrappers and the env registry."""
+"""nervex environments: the env contract (one or many agents), ``GymEnv`` for any Gymnasium id, wrappers, registry."""
 
 from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep, EnvResetRequest
 from .check_env import EnvCheckError, check_env
 from .factory import ENV_PIPELINE_KEYS, create_env, get_env_cls
 from .gym_env import GymEnv, UnknownEnvIdError
+from .multi_agent import TEAM_REDUCTIONS, agent_array, reward_shape, sample_action, team_value
+from .pettingzoo_env import PettingZooAECEnv
 from .wrappers import ENV_WRAPPER_REGISTRY
 
 __all__ = [
@@ -12,6 +14,7 @@ __all__ = [
     "BaseEnvTimestep",
     "EnvResetRequest",
     "GymEnv",
+    "PettingZooAECEnv",
     "UnknownEnvIdError",
     "ENV_WRAPPER_REGISTRY",
     "ENV_PIPELINE_KEYS",
@@ -19,4 +22,9 @@ __all__ = [
     "create_env",
     "check_env",
     "EnvCheckError",
+    "agent_array",
+    "team_value",
+    "reward_shape",
+    "sample_action",
+    "TEAM_REDUCTIONS",
 ]

@@ -1,9 +1,11 @@
 """``check_env``: check that an env keeps the nervex env contract (and Gymnasium's, for the gym env inside).
 
 The contract (see ``docs/internals.md``): ``reset()`` returns an observation inside ``info().obs_space``; ``step``
-returns a ``BaseEnvTimestep`` with an observation in that space, a Python ``float`` reward, a ``bool`` ``done`` equal
-to ``info['terminated'] or info['truncated']`` (both ``bool``); a ``done`` step's info carries ``episode_return``
-(the sum of the episode's rewards) and ``episode_len``; ``seed(s)`` makes the next rollout reproducible;
+returns a ``BaseEnvTimestep`` with an observation in that space, a Python ``float`` reward (a float ndarray shaped
+like ``info().rew_space`` for per-agent rewards), a ``bool`` ``done`` equal to ``info['terminated'] or
+info['truncated']`` (both ``bool``); a ``done`` step's info carries ``episode_return`` (the sum of the episode's
+rewards, per agent where rewards are) and ``episode_len`` (and, for games, ``outcome`` in {-1, 0, 1} per seat);
+random actions respect the observation's ``action_mask`` when it has one; ``seed(s)`` makes the next rollout reproducible;
 ``close()`` may be called twice.
 
 Two documented refinements, for envs that reshape rewards or episodes (``app_zoo.atari``):
@@ -18,7 +20,6 @@ Two documented refinements, for envs that reshape rewards or episodes (``app_zoo
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -26,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep
+from .multi_agent import TEAM_REDUCTIONS, reward_shape, sample_action
 
 # attributes under which nervex envs keep the Gymnasium env they wrap, in the order they are tried
 GYM_ENV_ATTRS = ("gym_env", "_gym_env", "_env", "env")
@@ -98,6 +100,32 @@ def _check_env_info(env_info: Any) -> None:
     steps = env_info.max_episode_steps
     if steps is not None and (not isinstance(steps, int) or steps < 1):
         raise EnvCheckError(f"info().max_episode_steps must be None or an int >= 1, got {steps!r}")
+    _check_agents_info(env_info)
+
+
+def _check_agents_info(env_info: BaseEnvInfo) -> None:
+    """The many-agent fields: agent ids match agent_num, a known team reduction, a reward shape () or (agent_num,)."""
+    ids = env_info.agent_ids
+    if not isinstance(ids, tuple) or not all(isinstance(a, str) for a in ids) or len(set(ids)) != len(ids):
+        raise EnvCheckError(f"info().agent_ids must be a tuple of distinct str, got {ids!r}")
+    if ids and len(ids) != env_info.agent_num:
+        raise EnvCheckError(f"info().agent_num = {env_info.agent_num} but agent_ids names {len(ids)}: {list(ids)}")
+    if env_info.team_reward not in TEAM_REDUCTIONS:
+        raise EnvCheckError(f"info().team_reward must be one of {TEAM_REDUCTIONS}, got {env_info.team_reward!r}")
+    shape = reward_shape(env_info)
+    if shape not in ((), (env_info.agent_num,)):
+        raise EnvCheckError(
+            f"info().rew_space has shape {shape}; it must be () (a scalar reward) or ({env_info.agent_num},) "
+            f"(one reward per agent)"
+        )
+    if env_info.state_space is not None and not isinstance(env_info.state_space, gym.Space):
+        raise EnvCheckError(f"info().state_space must be None or a gymnasium.Space, got {env_info.state_space!r}")
+    if env_info.turn_based and not _has_key(env_info.obs_space, "to_play"):
+        raise EnvCheckError("info().turn_based is True but obs_space has no 'to_play' key; the acting seat is unknown")
+
+
+def _has_key(space: gym.Space, key: str) -> bool:
+    return isinstance(space, gym.spaces.Dict) and key in space.spaces
 
 
 def _run_gymnasium_checker(gym_env: gym.Env) -> None:
@@ -141,13 +169,7 @@ def _check_timestep(timestep: Any, env_info: BaseEnvInfo, where: str) -> None:
         raise EnvCheckError(f"{where}: step() must return a BaseEnvTimestep, got {type(timestep).__name__}")
     obs, reward, done, info = timestep
     _check_obs(env_info.obs_space, obs, where)
-    if not isinstance(reward, float):
-        raise EnvCheckError(f"{where}: reward must be a Python float, got {_describe(reward)}; return float(reward)")
-    if not math.isfinite(reward):
-        raise EnvCheckError(f"{where}: reward must be finite, got {reward}")
-    rew_space = env_info.rew_space
-    if isinstance(rew_space, gym.spaces.Box) and not rew_space.low.min() <= reward <= rew_space.high.max():
-        raise EnvCheckError(f"{where}: reward {reward} is outside info().rew_space {rew_space}")
+    _check_reward(reward, env_info, where)
     if not isinstance(done, bool):
         raise EnvCheckError(f"{where}: done must be a bool, got {_describe(done)}")
     if not isinstance(info, dict):
@@ -162,7 +184,40 @@ def _check_timestep(timestep: Any, env_info: BaseEnvInfo, where: str) -> None:
         )
 
 
-def _check_episode_end(info: Dict[str, Any], ret: float, length: int, env_info: BaseEnvInfo, where: str) -> bool:
+def _check_reward(reward: Any, env_info: BaseEnvInfo, where: str) -> None:
+    shape = reward_shape(env_info)
+    if shape == ():
+        if not isinstance(reward, float):
+            raise EnvCheckError(
+                f"{where}: reward must be a Python float, got {_describe(reward)}; return float(reward)"
+            )
+    elif not (isinstance(reward, np.ndarray) and reward.shape == shape and reward.dtype.kind == "f"):
+        raise EnvCheckError(
+            f"{where}: reward must be a float ndarray of shape {shape} (one per agent, as info().rew_space), got "
+            f"{_describe(reward)}; nervex.envs.agent_array turns a dict keyed by agent id into one"
+        )
+    if not np.isfinite(reward).all():
+        raise EnvCheckError(f"{where}: reward must be finite, got {reward}")
+    rew_space = env_info.rew_space
+    if isinstance(rew_space, gym.spaces.Box) and not (
+        (rew_space.low <= reward).all() and (reward <= rew_space.high).all()
+    ):
+        raise EnvCheckError(f"{where}: reward {reward} is outside info().rew_space {rew_space}")
+
+
+def _check_outcome(outcome: Any, shape: Tuple[int, ...], where: str) -> None:
+    if not (
+        isinstance(outcome, np.ndarray)
+        and outcome.shape == shape
+        and outcome.dtype.kind in "iu"
+        and np.isin(outcome, (-1, 0, 1)).all()
+    ):
+        raise EnvCheckError(
+            f"{where}: info['outcome'] must be an int ndarray of shape {shape} in {{-1, 0, 1}}, got {_describe(outcome)}"
+        )
+
+
+def _check_episode_end(info: Dict[str, Any], ret: Any, length: int, env_info: BaseEnvInfo, where: str) -> bool:
     """Check a done step's episode figures; return whether it closed a reported episode."""
     if "episode_return" not in info:
         if info.get("game_over") is False:
@@ -172,13 +227,19 @@ def _check_episode_end(info: Dict[str, Any], ret: float, length: int, env_info: 
             f"episode_return and episode_len (or say info['game_over'] = False if the real episode goes on)"
         )
     episode_return, episode_len = info["episode_return"], info.get("episode_len")
-    if isinstance(episode_return, bool) or not isinstance(episode_return, (float, int, np.floating, np.integer)):
-        raise EnvCheckError(f"{where}: info['episode_return'] must be a float, got {_describe(episode_return)}")
-    if not math.isclose(float(episode_return), ret, rel_tol=1e-5, abs_tol=1e-5):
+    shape = reward_shape(env_info)
+    if shape == ():
+        if isinstance(episode_return, bool) or not isinstance(episode_return, (float, int, np.floating, np.integer)):
+            raise EnvCheckError(f"{where}: info['episode_return'] must be a float, got {_describe(episode_return)}")
+    elif not (isinstance(episode_return, np.ndarray) and episode_return.shape == shape):
+        raise EnvCheckError(f"{where}: info['episode_return'] must be an ndarray of shape {shape} (one per agent)")
+    if not np.allclose(episode_return, ret, rtol=1e-5, atol=1e-5):
         raise EnvCheckError(
-            f"{where}: info['episode_return'] = {float(episode_return)} but the episode's rewards sum to {ret} "
+            f"{where}: info['episode_return'] = {episode_return} but the episode's rewards sum to {ret} "
             f"(info['raw_reward'] where given, else reward)"
         )
+    if "outcome" in info:
+        _check_outcome(info["outcome"], shape or (1,), where)
     if isinstance(episode_len, bool) or not isinstance(episode_len, (int, np.integer)):
         raise EnvCheckError(f"{where}: info['episode_len'] must be an int, got {_describe(episode_len)}")
     if episode_len != length:
@@ -190,22 +251,27 @@ def _rollout(env: BaseEnv, env_info: BaseEnvInfo, n_steps: int, env_seed: int, a
     """Play ``n_steps`` random actions, checking every step; return the trace (observations, rewards, dones)."""
     sampler = copy.deepcopy(env_info.act_space)
     sampler.seed(action_seed)
+    rng = np.random.default_rng(action_seed)
     env.seed(env_seed)
     obs = env.reset()
     _check_obs(env_info.obs_space, obs, f"seed {env_seed}, reset")
     trace: List[Any] = [obs]
-    ret, length = 0.0, 0
+    zero = np.zeros(reward_shape(env_info))
+    ret, length = zero.copy(), 0
     for t in range(n_steps):
         where = f"seed {env_seed}, step {t}"
-        timestep = env.step(sampler.sample())
+        mask = obs.get("action_mask") if isinstance(obs, dict) else None
+        action = sampler.sample() if mask is None else sample_action(env_info.act_space, mask, rng)
+        timestep = env.step(action)
         _check_timestep(timestep, env_info, where)
+        obs = timestep.obs
         trace.append((timestep.obs, timestep.reward, timestep.done))
-        ret += float(timestep.info.get("raw_reward", timestep.reward))
+        ret = ret + timestep.info.get("raw_reward", timestep.reward)
         length += 1
         if not timestep.done:
             continue
         if _check_episode_end(timestep.info, ret, length, env_info, where):
-            ret, length = 0.0, 0
+            ret, length = zero.copy(), 0
         obs = env.reset()
         _check_obs(env_info.obs_space, obs, f"{where}, reset after done")
         trace.append(obs)

@@ -7,7 +7,7 @@ import dataclasses
 import difflib
 import importlib
 import sys
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -77,6 +77,21 @@ def _float32_box(space: gym.Space) -> Optional[gym.spaces.Box]:
     return None
 
 
+def _declared_reward_space(env: gym.Env) -> Optional[gym.spaces.Box]:
+    """The float64 ``Box`` of a vector ``reward_space`` the Gymnasium env declares (shape ``(n,)``), else None.
+
+    Multi-agent and multi-objective Gymnasium envs (MO-Gymnasium's convention) declare ``reward_space``; a scalar
+    or absent one means a plain float reward.
+    """
+    try:
+        space = env.get_wrapper_attr("reward_space")
+    except AttributeError:
+        return None
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        return None
+    return gym.spaces.Box(space.low.astype(np.float64), space.high.astype(np.float64), space.shape, np.float64)
+
+
 def _discrete_action(action: Any) -> Any:
     # a NumPy integer scalar: gymnasium's Discrete.contains (asserted in every CartPole step) takes its fast path for
     # those, and builds an np.iinfo for a Python int (5 us of a 13 us step)
@@ -122,6 +137,11 @@ class GymEnv(BaseEnv):
     their work itself, which keeps the per-step overhead under a microsecond. ``nervex.envs.check_env`` runs the
     Gymnasium checker on ``gym_env`` when an env needs vetting.
 
+    Rewards are Python floats; a Gymnasium env that declares a vector ``reward_space`` (shape ``(n,)``: one reward
+    per agent or objective) gives float64 arrays of that shape instead (``info()``: ``agent_num = n``, ``agent_ids``
+    ``('agent_0', ...)``, ``rew_space`` that Box; ``episode_return`` an array); a vector reward without one is a
+    ``ValueError`` naming the fix (it is never squeezed into a float).
+
     Observations of floating Box spaces come as ``float32`` (``info().obs_space`` says so); integer Box spaces
     (images) keep their dtype; Discrete observations come as 0-d ``int64`` arrays. A subclass builds a different
     Gymnasium env by overriding :meth:`_make_gym_env`.
@@ -154,6 +174,7 @@ class GymEnv(BaseEnv):
         self._episode_return = 0.0
         self._episode_len = 0
         self._game_goes_on = False  # the last done said info['game_over'] = False: keep the episode figures
+        self._reward_shape: Optional[Tuple[int, ...]] = None  # (n,): the env declares a vector reward_space
 
     # ---- building ---------------------------------------------------------------------------------------------
     def _make_gym_env(self) -> gym.Env:
@@ -175,15 +196,33 @@ class GymEnv(BaseEnv):
             self._act_convert = _box_action(act_space)
         if self._pending_seed is not None:
             act_space.seed(self._pending_seed)
+        rew_space = _declared_reward_space(env)
+        self._reward_shape = None if rew_space is None else rew_space.shape
+        agent_num = 1 if rew_space is None else rew_space.shape[0]
         self._info = BaseEnvInfo(
-            agent_num=1,
+            agent_num=agent_num,
             obs_space=f32 if f32 is not None else obs_space,
             act_space=act_space,
-            rew_space=None,
+            rew_space=rew_space,
             max_episode_steps=self._max_episode_steps,
+            agent_ids=() if rew_space is None else tuple(f"agent_{i}" for i in range(agent_num)),
         )
         self._env = env
         return env
+
+    def _vector_reward(self, reward: Any) -> np.ndarray:
+        reward = np.asarray(reward, np.float64)
+        if reward.shape != self._reward_shape:
+            raise ValueError(
+                f"{self!r}: reward of shape {reward.shape}, but the env's reward_space says {self._reward_shape}"
+            )
+        return reward
+
+    def _scalar_reward_error(self, reward: Any) -> ValueError:
+        return ValueError(
+            f"{self!r}: the env returned a reward of shape {np.shape(reward)} but declares no reward_space; a "
+            f"vector reward (one per agent) needs the Gymnasium env to declare `reward_space = Box(..., (n,))`"
+        )
 
     @property
     def gym_env(self) -> gym.Env:
@@ -224,8 +263,14 @@ class GymEnv(BaseEnv):
         obs, reward, terminated, truncated, info = self._env.step(action)
         if self._obs_dtype is not None:
             obs = np.asarray(obs, self._obs_dtype)
-        reward = float(reward)
-        self._episode_return += info.get("raw_reward", reward)
+        if self._reward_shape is None:
+            try:
+                reward = float(reward)
+            except TypeError:
+                raise self._scalar_reward_error(reward) from None
+        else:
+            reward = self._vector_reward(reward)
+        self._episode_return = self._episode_return + info.get("raw_reward", reward)
         self._episode_len += 1
         self._elapsed += 1
         terminated = bool(terminated)
@@ -242,7 +287,8 @@ class GymEnv(BaseEnv):
         # An env may end a learning episode inside a longer game (episodic life): its figures come at the real end.
         self._game_goes_on = info.get("game_over", True) is False
         if not self._game_goes_on:
-            info["episode_return"] = float(self._episode_return)
+            ret = self._episode_return
+            info["episode_return"] = float(ret) if self._reward_shape is None else np.array(ret, np.float64)
             info["episode_len"] = self._episode_len
 
     def info(self) -> BaseEnvInfo:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import torch
 
 from nervex.agent import Agent
 from nervex.config import Field
@@ -34,16 +36,29 @@ def q_learn_agent(model: Any, learn: Mapping[str, Any]) -> Agent:
     return agent
 
 
-def acting_agent(model: Any, sample: str, hidden_state: Optional[Dict[str, Any]] = None) -> Agent:
+def acting_agent(
+    model: Any, sample: str, hidden_state: Optional[Dict[str, Any]] = None, dict_obs: bool = False
+) -> Agent:
     """A collect- or eval-mode Agent: ``model`` without gradients, acting through the ``sample`` plugin
     (``'eps_greedy_sample'``, ``'argmax_sample'``), after a ``hidden_state`` plugin with these kwargs for a
-    recurrent model."""
+    recurrent model. ``dict_obs``: dict observations feed the model their ``obs`` and the sampler their
+    ``action_mask`` (the ``dict_obs`` plugin, next to the model)."""
     agent = Agent(model)
+    if dict_obs:
+        agent.add_plugin("main", "dict_obs")
     if hidden_state is not None:
         agent.add_plugin("main", "hidden_state", **hidden_state)
     agent.add_plugin("main", sample)
     agent.add_plugin("main", "grad", enable_grad=False)
     return agent
+
+
+def obs_and_mask(obs: Any) -> Tuple[Any, Optional[torch.Tensor]]:
+    """The model input and the action mask (1 = legal) of a batched observation: ``(obs['obs'],
+    obs.get('action_mask'))`` for a dict observation, ``(obs, None)`` otherwise."""
+    if isinstance(obs, Mapping) and "obs" in obs:
+        return obs["obs"], obs.get("action_mask")
+    return obs, None
 
 
 def standard_transition(obs: Any, agent_output: Output, timestep: Any) -> Dict[str, Any]:

@@ -7,11 +7,11 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 
 from nervex.config import Field
-from nervex.rl_utils import Adder, epsilon_greedy, q_nstep_td_data, q_nstep_td_error
+from nervex.rl_utils import Adder, epsilon_greedy, masked_argmax, q_nstep_td_data, q_nstep_td_error
 from nervex.torch_utils import Adam
 
 from .base_policy import Output, register_policy
-from .common_policy import CommonPolicy, acting_agent, eps_schedule_config, q_learn_agent
+from .common_policy import CommonPolicy, acting_agent, eps_schedule_config, obs_and_mask, q_learn_agent
 
 
 class DQNPolicy(CommonPolicy):
@@ -27,6 +27,10 @@ class DQNPolicy(CommonPolicy):
             ``learn.target_theta`` > 0 switches to Polyak averaging with that rate every step instead.
         learn.loss: ``mse`` or ``huber``.
         command.eps: epsilon schedule over env steps (``type`` exp or linear, ``start``, ``end``, ``decay``).
+
+    Action masks: with dict observations ``{'obs', 'action_mask', ...}`` the model sees ``obs['obs']``; the
+    epsilon-greedy and greedy actions are legal ones, and the target's max (double DQN's argmax) is over the legal
+    actions of ``next_obs`` (``rl_utils.masked_argmax``).
     """
 
     default_model_type = "fc_discrete_net"
@@ -68,17 +72,19 @@ class DQNPolicy(CommonPolicy):
         self._learn_agent.mode(train=True)
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        batch_size = data["obs"].shape[0]
+        obs, _ = obs_and_mask(data["obs"])
+        next_obs, next_mask = obs_and_mask(data["next_obs"])  # the target's max is over legal next actions only
+        batch_size = obs.shape[0]
         if self._double:
             # one online pass over obs and next_obs together; the next_obs half only picks actions (no gradient)
-            logit = self._learn_agent.forward(torch.cat([data["obs"], data["next_obs"]]))["logit"]
-            q, next_action = logit[:batch_size], logit[batch_size:].detach().argmax(dim=-1)
+            logit = self._learn_agent.forward(torch.cat([obs, next_obs]))["logit"]
+            q, next_action = logit[:batch_size], masked_argmax(logit[batch_size:].detach(), next_mask)
         else:
-            q = self._learn_agent.forward(data["obs"])["logit"]
+            q = self._learn_agent.forward(obs)["logit"]
         with torch.no_grad():
-            target_q = self._learn_agent.target_forward(data["next_obs"])["logit"]
+            target_q = self._learn_agent.target_forward(next_obs)["logit"]
             if not self._double:
-                next_action = target_q.argmax(dim=-1)
+                next_action = masked_argmax(target_q, next_mask)
         reward = data["reward"].float()
         reward = reward.t() if reward.dim() == 2 else reward.unsqueeze(0)  # (B, nstep) -> (nstep, B)
         weight = data.get("weight") if self._priority else None
@@ -109,7 +115,7 @@ class DQNPolicy(CommonPolicy):
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
         self._adder = Adder(self._use_cuda, kind="nstep", nstep=self._nstep, gamma=self._gamma)
-        self._collect_agent = acting_agent(self._model, "eps_greedy_sample")
+        self._collect_agent = acting_agent(self._model, "eps_greedy_sample", dict_obs=True)
 
     def _forward_collect(self, data_id: List[int], data: Any, eps: float = 0.0) -> Output:
         self._collect_agent.mode(train=False)
@@ -117,7 +123,7 @@ class DQNPolicy(CommonPolicy):
 
     # ---- eval ------------------------------------------------------------------------------------------------
     def _init_eval(self) -> None:
-        self._eval_agent = acting_agent(self._model, "argmax_sample")
+        self._eval_agent = acting_agent(self._model, "argmax_sample", dict_obs=True)
 
     def _forward_eval(self, data_id: List[int], data: Any) -> Output:
         self._eval_agent.mode(train=False)

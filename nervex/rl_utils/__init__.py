@@ -24,6 +24,7 @@ from .ppo import ppo_data, ppo_error, ppo_info, ppo_loss
 from .sequence_td import q_nstep_sequence_td_data, q_nstep_sequence_td_error
 from .td import (
     generalized_lambda_returns,
+    masked_argmax,
     nstep_return,
     q_1step_td_data,
     q_1step_td_error,
@@ -52,6 +53,7 @@ __all__ = [
     "gae",
     "gae_data",
     "generalized_lambda_returns",
+    "masked_argmax",
     "nstep_return",
     "q_1step_td_data",
     "q_1step_td_error",

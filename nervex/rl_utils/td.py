@@ -15,7 +15,7 @@ The distributional (C51) loss lives in ``dist_td.py`` to keep this file short.
 from __future__ import annotations
 
 from collections import namedtuple
-from typing import Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -71,6 +71,34 @@ def nstep_return(reward: torch.Tensor, gamma: float, nstep: int, fn_name: str = 
         return reward[0]
     factors = gamma ** torch.arange(nstep, dtype=reward.dtype, device=reward.device)
     return (factors.reshape((nstep,) + (1,) * (reward.dim() - 1)) * reward).sum(0)
+
+
+def masked_argmax(q: torch.Tensor, action_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The legal action with the largest value in each row (the n-step target's max / double DQN's argmax).
+
+    A row with no legal action is the observation of a finished game, whose bootstrap ``done`` cuts: it takes the
+    unmasked argmax, so the value gathered from it stays finite (``-inf * 0`` would be NaN).
+
+    Args:
+        q: Action values.
+        action_mask: 1/True = legal, same shape as ``q``; ``None``: every action is legal.
+
+    Returns:
+        The chosen action indices (int64).
+
+    Raises:
+        ValueError: ``action_mask`` and ``q`` differ in shape.
+
+    Shapes:
+        ``q`` ``(B, A)``, ``action_mask`` ``(B, A)`` -> ``(B,)``.
+    """
+    if action_mask is None:
+        return q.argmax(dim=-1)
+    legal = torch.as_tensor(action_mask, device=q.device).bool()
+    if legal.shape != q.shape:
+        raise ValueError(f"masked_argmax: action_mask shape {tuple(legal.shape)} differs from q {tuple(q.shape)}")
+    legal = legal | ~legal.any(dim=-1, keepdim=True)  # no legal action: every action, the value is cut anyway
+    return q.masked_fill(~legal, float("-inf")).argmax(dim=-1)
 
 
 def check_nstep_reward(fn_name: str, reward: torch.Tensor, nstep: int, batch: int) -> None:

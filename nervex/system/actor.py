@@ -4,14 +4,17 @@ One task, end to end:
 
 1. ``/v1/task/lease`` (kind ``collect``) gives ``{unit, n, restart_envs, snapshot, policy_iter, env_step, ...}``.
 2. If ``snapshot`` differs from the loaded one, its file is read from the storage path (verified against its
-   SHA-256, parsed as safetensors: never unpickled) and loaded into the collect-mode policy. A lease answer without a
+   SHA-256, parsed as safetensors: never unpickled) and loaded into the collect-mode policy; a task's ``opponent``
+   (a snapshot too) is loaded into an eval-mode policy seated at every act-only seat (``SerialActor.load_opponent``;
+   with none, the act-only slots of ``actor.slots`` play). A lease answer without a
    task (the rate limiter waits for the learner) names the snapshot the next task would use: the idle actor loads it
    then, so new weights reach it within its back-off rather than at its next lease.
 3. The exploration setting comes from the policy's command mode at the run's progress (``env_step``: env steps the
    coordinator accepted so far); before ``learning_starts`` an off-policy actor acts at random, as in serial mode.
 4. ``SerialActor.collect`` runs the contract's unit with this process's env manager (same code as serial mode).
 5. The samples go to the storage path as one safetensors file (``encode_samples``), then ``/v1/task/complete``
-   reports its name, the sample and env-step counts and the episodes that ended. A 429/507 is retried by the client
+   reports its name, the sample and env-step counts and the episodes that ended (the learning slot's return, the
+   length and, for games, its outcome). A 429/507 is retried by the client
    (the data stays on disk); a result the coordinator drops (the lease ran out) has its file deleted by it.
 
 Steps 1 and 5 run on an I/O thread, one round trip per task (``lease_next``), while the actor's thread collects the
@@ -50,6 +53,7 @@ from nervex.system.protocol import (
 )
 from nervex.system.samples import encode_samples
 from nervex.system.worker import WorkerExit, WorkerLink
+from nervex.worker.actor.slots import EpisodeResult
 
 MAX_IDLE_WAIT_S = 0.5
 MAIN_PHASES = ("collect", "snapshot", "wait", "idle")
@@ -150,14 +154,13 @@ class ActorRole:
         self._learning_starts = learning_starts(self.cfg)
         self.snapshot: Optional[str] = None
         self.snapshot_iter = 0
+        self.opponent: Optional[str] = None  # the storage name of the opponent seated now (None: the configured)
         self._refused_snapshot: Optional[str] = None  # the last snapshot an idle preload could not load
         self._held: Dict[str, str] = {}  # lease id -> task id: leased and not yet reported (heartbeats renew them)
         self._lease_lock = threading.Lock()
         self.tasks_done = 0
         self.last_snapshot_load_s = 0.0
-        self.phase_s: Dict[str, float] = dict.fromkeys(
-            MAIN_PHASES + IO_PHASES, 0.0
-        )  # seconds spent per phase of a task
+        self.phase_s: Dict[str, float] = dict.fromkeys(MAIN_PHASES + IO_PHASES, 0.0)  # seconds per phase of a task
 
     def _timed(self, phase: str, start: float) -> float:
         now = time.perf_counter()
@@ -165,8 +168,13 @@ class ActorRole:
         return now
 
     # ---- SerialActor callbacks -------------------------------------------------------------------------------
-    def on_episode_end(self, env_id: int, episode_return: float, episode_len: int) -> None:
-        self._episodes.append({"return": float(episode_return), "length": max(1, int(episode_len))})
+    def on_episode_result(self, result: EpisodeResult) -> None:
+        """An episode ended: the (first) learning slot's return and, for games, its outcome go into the report."""
+        main = self.actor.seating.main
+        episode: Dict[str, Any] = {"return": float(result.returns[main]), "length": max(1, int(result.length))}
+        if main in result.outcomes:
+            episode["outcome"] = int(result.outcomes[main])
+        self._episodes.append(episode)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def run(self, stop: Optional[Any] = None) -> int:
@@ -308,6 +316,7 @@ class ActorRole:
         """Act with the task's snapshot for its unit of collection; the samples and what to report of them."""
         start = time.perf_counter()
         self._load_snapshot(payload.get("snapshot"), int(payload.get("policy_iter", 0)))
+        self._load_opponent(payload.get("opponent"))
         start = self._timed("snapshot", start)
         env_step = int(payload.get("env_step", 0))
         progress = {
@@ -389,6 +398,18 @@ class ActorRole:
         self.snapshot, self.snapshot_iter = name, int(policy_iter)
         self.last_snapshot_load_s = time.perf_counter() - start
 
+    def _load_opponent(self, name: Optional[str]) -> None:
+        """Seat the task's opponent (a policy snapshot in storage) at the act-only seats; with none, the act-only
+        slots of ``actor.slots`` play."""
+        if name == self.opponent:
+            return
+        state = None
+        if name is not None:
+            state = decode_state_dict(self.storage.get(name))
+            check_state_matches(state.get("model", {}), self.policy.state_dict()["model"], name)
+        self.actor.load_opponent(state)
+        self.opponent = name
+
     def _preload_snapshot(self, answer: Mapping[str, Any]) -> None:
         """While no task is available (the rate limiter holds collection back until the learner has trained), load the
         snapshot the next task would name, so new weights reach an idle actor within its back-off, not at its next
@@ -424,6 +445,7 @@ class ActorRole:
             self.logger.exception("closing the failed env manager")
         collector_env, _, _ = self._make_env()
         self.actor = self._make_actor(collector_env)
+        self.opponent = None  # the new actor seats the configured slots
 
     def _close_io(self) -> None:
         if self.io is not None:

@@ -34,7 +34,9 @@ from nervex.config.config import config_source
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import KIND_PATTERN, SUFFIX
 
-PROTOCOL_VERSION = 2  # 2: lease and complete requests carry a request_id (KEYED_PATHS)
+PROTOCOL_VERSION = 3
+"""2: lease and complete requests carry a request_id (KEYED_PATHS); 3: actors play a collect task's ``opponent`` and
+report each episode's ``outcome`` (``validate_collect_result``)."""
 ROLES = ("actor", "learner", "manager", "league_manager")
 
 REGISTER_PATH = "/v1/register"
@@ -423,14 +425,19 @@ def require_storage_name(value: Any, field: str) -> str:
 
 
 COLLECT_RESULT_FIELDS = ("data", "n_samples", "env_steps", "episodes", "policy_iter", "info")
+EPISODE_FIELDS = ("return", "length", "outcome")
+OUTCOMES = (-1, 0, 1)
+"""An episode's outcome for the actor's (first) learning slot: loss, draw, win."""
 
 
 def validate_collect_result(result: Any) -> Dict[str, Any]:
-    """Check a collect task's result: ``{data, n_samples, env_steps, episodes: [{return, length}], policy_iter}``.
+    """Check a collect task's result: ``{data, n_samples, env_steps, episodes: [{return, length[, outcome]}],
+    policy_iter}``.
 
     ``data`` is the storage name of the trajectories, ``n_samples`` the train samples in it, ``env_steps`` the env
-    steps taken, ``episodes`` the episodes that ended during the task, ``policy_iter`` the snapshot's learner
-    iteration actually used; an optional ``info`` object holds free-form metrics.
+    steps taken, ``episodes`` the episodes that ended during the task (at most one per env step): the (first)
+    learning slot's return, the length and, for games, its ``outcome`` (+1 win, 0 draw, -1 loss); ``policy_iter``
+    the snapshot's learner iteration actually used; an optional ``info`` object holds free-form metrics.
 
     Returns:
         ``result`` unchanged.
@@ -443,11 +450,24 @@ def validate_collect_result(result: Any) -> Dict[str, Any]:
     for name in ("n_samples", "env_steps", "policy_iter"):
         require(result, name, int, ge=0, where="result")
     optional(result, "info", dict, where="result")
-    for i, episode in enumerate(require(result, "episodes", list, where="result")):
+    episodes = require(result, "episodes", list, where="result")
+    if len(episodes) > result["env_steps"]:
+        raise ProtocolError(
+            400,
+            f"'result.episodes' lists {len(episodes)} episodes, more than the {result['env_steps']} env steps taken "
+            "(an env step ends at most one episode)",
+            field="result.episodes",
+        )
+    for i, episode in enumerate(episodes):
         where = f"result.episodes[{i}]"
-        check_known(episode, ("return", "length"), where)
+        check_known(episode, EPISODE_FIELDS, where)
         require(episode, "return", float, where=where)
         require(episode, "length", int, ge=1, where=where)
+        outcome = optional(episode, "outcome", int, where=where)
+        if outcome is not None and outcome not in OUTCOMES:
+            raise ProtocolError(
+                400, f"'{where}.outcome' must be -1 (loss), 0 (draw) or 1 (win), got {outcome!r}", f"{where}.outcome"
+            )
     return result
 
 
@@ -515,6 +535,8 @@ __all__ = [
     "resolve_collect",
     "compile_coordinator_config",
     "is_parallel_compiled",
+    "EPISODE_FIELDS",
+    "OUTCOMES",
     "collect_spec",
     "learning_starts",
     "config_hash",

@@ -413,3 +413,30 @@ def test_users_register_their_own_plugins():
             register_plugin("not_a_plugin", dict)
     finally:
         PLUGIN_REGISTRY.unregister("double_logit")
+
+
+class Linear2(nn.Module):
+    """Q = obs @ W for a fixed W; fails on dict input, so the dict_obs plugin must hand it obs['obs']."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([[1.0, 4.0, 2.0], [0.0, 0.0, 0.0]]))
+
+    def forward(self, x: torch.Tensor) -> dict:
+        return {"logit": x @ self.w}
+
+
+def test_dict_obs_feeds_the_model_its_obs_and_the_sampler_its_mask():
+    # Q rows [1, 4, 2]: action 1 is the best and illegal in row 0; row 1 allows all
+    data = {"obs": torch.tensor([[1.0, 0.0], [1.0, 0.0]]), "action_mask": torch.tensor([[1, 0, 1], [1, 1, 1]])}
+    agent = _agent(("dict_obs", {}), ("argmax_sample", {}), model=Linear2())
+    assert agent.forward(data)["action"].tolist() == [2, 1]
+    eps = _agent(("dict_obs", {}), ("eps_greedy_sample", {}), model=Linear2())
+    assert eps.forward(data, eps=0.0)["action"].tolist() == [2, 1]
+    torch.manual_seed(0)
+    many = {"obs": torch.tensor([[1.0, 0.0]]).repeat(3000, 1), "action_mask": torch.tensor([[1, 0, 1]]).repeat(3000, 1)}
+    action = eps.forward(many, eps=1.0)["action"]
+    counts = torch.bincount(action, minlength=3)
+    assert counts[1] == 0 and abs(counts[0].item() - 1500) < 150  # uniform over the two legal actions
+    plain = _agent(("dict_obs", {}), ("argmax_sample", {}), model=Linear2())
+    assert plain.forward(torch.tensor([[1.0, 0.0]]))["action"].tolist() == [1]  # a tensor passes through

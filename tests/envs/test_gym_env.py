@@ -350,3 +350,51 @@ def test_mask_velocity_unknown_task():
         KeyError, match="no velocity indices are known for 'NervexTest/RewardSequence-v0'.*mask_observation"
     ):
         env.reset()
+
+
+class _VectorRewardEnv(gym.Env):
+    """Two agents (or objectives): reward [t, -t] per step; ``declare`` says whether it has a reward_space."""
+
+    observation_space = gym.spaces.Box(0, 10, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, declare: bool = True) -> None:
+        if declare:
+            self.reward_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+        self.t = 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(1, self.t, np.float32), np.array([self.t, -self.t], np.float32), self.t >= 3, False, {}
+
+
+gym.register("NervexTestVectorReward-v0", entry_point=_VectorRewardEnv)
+
+
+@pytest.mark.filterwarnings(
+    "ignore:.*reward returned by `step\\(\\)` must be a float:UserWarning"
+)  # Gymnasium's checker
+def test_a_declared_vector_reward_stays_an_array_per_agent():
+    env = GymEnv({"env_id": "NervexTestVectorReward-v0"})
+    info = env.info()
+    assert info.agent_num == 2 and info.agent_ids == ("agent_0", "agent_1")
+    assert info.rew_space.shape == (2,) and info.rew_space.dtype == np.float64
+    env.reset()
+    rewards = [env.step(0) for _ in range(3)]
+    assert [ts.reward.tolist() for ts in rewards] == [[1.0, -1.0], [2.0, -2.0], [3.0, -3.0]]
+    assert rewards[0].reward.dtype == np.float64
+    assert rewards[-1].done and rewards[-1].info["episode_return"].tolist() == [6.0, -6.0]
+    check_env(GymEnv({"env_id": "NervexTestVectorReward-v0"}), n_steps=20, deterministic=True)
+
+
+def test_an_undeclared_vector_reward_is_an_error_not_a_float():
+    env = GymEnv({"env_id": "NervexTestVectorReward-v0", "env_kwargs": {"declare": False}})
+    assert env.info().rew_space is None and env.info().agent_num == 1
+    env.reset()
+    with pytest.raises(ValueError, match=r"reward of shape \(2,\) but declares no reward_space"):
+        env.step(0)

@@ -131,3 +131,99 @@ def test_dqn_reaches_195_on_cartpole(tmp_path):
     )
     assert "stop_val" in trainer.stop_reason
     assert result["env_step"] <= 30000
+
+
+# ---- action masks ------------------------------------------------------------------------------------------------
+def _masked_policy(double: bool, obs_dim: int = 3, action_dim: int = 4):
+    cfg = compile_config(read_config(CARTPOLE_DQN))
+    cfg.policy.model.update(obs_dim=obs_dim, action_dim=action_dim)
+    cfg.policy.learn.double = double
+    torch.manual_seed(0)
+    return create_policy(cfg.policy)
+
+
+@pytest.mark.parametrize("double", [True, False])
+def test_learn_target_maxes_over_legal_next_actions(double):
+    policy = _masked_policy(double)
+    torch.manual_seed(1)
+    obs, next_obs = torch.randn(6, 3), torch.randn(6, 3)
+    action = torch.tensor([0, 1, 2, 3, 0, 1])
+    terminated = torch.tensor([False, False, False, False, True, True])
+    with torch.no_grad():
+        q_sa = policy.model(obs)["logit"].gather(1, action[:, None]).squeeze(1)
+        next_q = policy.model(next_obs)["logit"]  # online == target before the first step
+    mask = torch.ones(6, 4, dtype=torch.int8)
+    mask[torch.arange(6), next_q.argmax(1)] = 0  # in every row the largest next Q is an illegal action
+    mask[5] = 0  # a finished game: no legal action at all (terminated, so its value is cut)
+    legal_best = next_q.masked_fill(mask == 0, float("-inf")).max(1).values
+    legal_best[5] = 0.0
+    target = 1.0 + 0.99 * (1 - terminated.float()) * legal_best
+    unmasked_target = 1.0 + 0.99 * (1 - terminated.float()) * next_q.max(1).values
+    to_play = torch.zeros(6, dtype=torch.int64)
+    batch = {
+        "obs": {"obs": obs, "action_mask": torch.ones(6, 4, dtype=torch.int8), "to_play": to_play},
+        "next_obs": {"obs": next_obs, "action_mask": mask, "to_play": to_play},
+        "action": action,
+        "reward": torch.ones(6, 1),
+        "terminated": terminated,
+        "weight": torch.ones(6),
+    }
+    info = policy.learn_mode.forward(batch)
+    np.testing.assert_allclose(info["priority"], (target - q_sa).abs().numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(info["priority"][:4], (unmasked_target - q_sa).abs().numpy()[:4])
+
+
+def _board_obs(rng: np.random.Generator, mask) -> dict:
+    return {
+        "obs": rng.standard_normal(3).astype(np.float32),
+        "action_mask": np.asarray(mask, np.int8),
+        "to_play": np.int64(0),
+    }
+
+
+def test_collect_and_eval_take_legal_actions_only():
+    policy = _masked_policy(double=True)
+    rng = np.random.default_rng(0)
+    obs = {i: _board_obs(rng, [1, 1, 1, 1]) for i in range(8)}
+    with torch.no_grad():
+        greedy = {i: int(policy.model(torch.as_tensor(o["obs"][None]))["logit"].argmax()) for i, o in obs.items()}
+    for i, o in obs.items():  # forbid each env's greedy action, and one more
+        o["action_mask"][greedy[i]] = 0
+        o["action_mask"][(greedy[i] + 1) % 4] = 0
+    eval_out = policy.eval_mode.forward(list(obs), obs)
+    for i, out in eval_out.items():
+        assert obs[i]["action_mask"][int(out["action"])] == 1
+    torch.manual_seed(0)
+    for eps in (0.0, 1.0):
+        for _ in range(20):
+            out = policy.collect_mode.forward(list(obs), obs, eps=eps)
+            assert all(obs[i]["action_mask"][int(o["action"])] == 1 for i, o in out.items())
+
+
+def test_dict_observations_go_through_the_prioritized_buffer_into_a_learn_step():
+    from nervex.data import PrioritizedBuffer
+    from nervex.rl_utils import Adder
+
+    policy = _masked_policy(double=True)
+    rng = np.random.default_rng(0)
+    adder = Adder(kind="nstep", nstep=1, gamma=0.99)
+    samples = []
+    adder.add_first(0)
+    obs = _board_obs(rng, [1, 1, 1, 1])
+    for t in range(12):
+        next_obs = _board_obs(rng, [1, 0, 1, 1] if t % 2 else [0, 1, 1, 0])
+        done = t == 11
+        info = {"terminated": done, "truncated": False}
+        timestep = BaseEnvTimestep(next_obs, 0.5, done, info)
+        transition = policy.collect_mode.process_transition(obs, {"action": np.int64(t % 4)}, timestep)
+        samples += adder.add(0, transition)
+        obs = next_obs
+    buffer = PrioritizedBuffer(maxlen=64, seed=0)
+    buffer.extend(samples)
+    batch = buffer.sample(5)
+    assert batch["obs"]["obs"].shape == (5, 3) and batch["obs"]["obs"].dtype == torch.float32
+    assert batch["next_obs"]["action_mask"].shape == (5, 4) and batch["next_obs"]["action_mask"].dtype == torch.int8
+    assert batch["next_obs"]["to_play"].shape == (5,)
+    info = policy.learn_mode.forward(batch)
+    assert np.isfinite(info["total_loss"]) and np.isfinite(info["priority"]).all()
+    buffer.update(info["priority"], batch["unique_id"])

@@ -281,3 +281,15 @@ class TestDist:
         )  # fmt: skip
         with pytest.raises(ValueError, match=r"\(2, 2, 5\).*n_atom=51"):
             dist_nstep_td_error(data, 0.9, -10.0, 10.0, 51)
+
+
+def test_masked_argmax_picks_the_best_legal_action():
+    from nervex.rl_utils import masked_argmax
+
+    q = torch.tensor([[1.0, 5.0, 3.0], [2.0, 0.0, -1.0], [-4.0, 9.0, -2.0]])
+    mask = torch.tensor([[1, 0, 1], [0, 1, 1], [0, 0, 0]], dtype=torch.int8)
+    # row 0: the illegal action 1 has the largest value; row 2: no legal action (a finished game) -> unmasked argmax
+    assert masked_argmax(q, mask).tolist() == [2, 1, 1]
+    assert masked_argmax(q, None).tolist() == [1, 0, 1]
+    with pytest.raises(ValueError, match=r"action_mask shape \(3, 2\) differs from q \(3, 3\)"):
+        masked_argmax(q, mask[:, :2])

@@ -129,3 +129,86 @@ def test_an_idle_actor_logs_a_snapshot_it_cannot_load_once_and_keeps_its_weights
     assert actor.snapshot is None
     after = actor.policy.state_dict()["model"]
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ---- protocol 3: opponents and outcomes ---------------------------------------------------------------------------
+def test_a_role_of_the_previous_protocol_is_refused_at_registration(tmp_path, monkeypatch):
+    """A protocol-2 actor (no outcomes, ignores opponents) cannot join: its registration is refused with both
+    versions named, and the worker exits with status 2 instead of retrying."""
+    import nervex.system.worker as worker
+    from nervex.system.worker import WorkerExit, WorkerLink
+
+    coordinator = Coordinator(make_cfg(), str(tmp_path / "run"), token=TOKEN, logger=logging.getLogger("test_actor.v2"))
+    coordinator.start()
+    monkeypatch.setattr(worker, "PROTOCOL_VERSION", PROTOCOL_VERSION - 1)
+    link = WorkerLink(coordinator.cfg, coordinator.run_dir, "actor", "old-actor", url=coordinator.url, token=TOKEN)
+    try:
+        with pytest.raises(WorkerExit) as refused:
+            link.register()
+        assert refused.value.code == 2
+        message = str(refused.value)
+        assert f"speaks protocol {PROTOCOL_VERSION - 1}, this coordinator protocol {PROTOCOL_VERSION}" in message
+    finally:
+        link.close()
+        coordinator.stop()
+
+
+RESULT = dict(data="samples/" + "0" * 64 + ".safetensors", n_samples=4, env_steps=8, policy_iter=0)
+
+
+@pytest.mark.parametrize(
+    "episodes, field",
+    [
+        ([{"return": 1.0, "length": 5, "outcome": 2}], "result.episodes[0].outcome"),
+        ([{"return": 1.0, "length": 5, "outcome": True}], "result.episodes[0].outcome"),
+        ([{"return": 1.0, "length": 5, "outcome": "win"}], "result.episodes[0].outcome"),
+        ([{"return": 1.0, "length": 5, "winner": 0}], "result.episodes[0].winner"),
+        ([{"return": 1.0, "length": 1, "outcome": 1}] * 9, "result.episodes"),
+    ],
+    ids=["out of range", "a boolean", "a string", "unknown field", "more episodes than env steps"],
+)
+def test_a_collect_result_with_a_bad_outcome_is_refused(episodes, field):
+    from nervex.system.comm.errors import ProtocolError
+    from nervex.system.protocol import validate_collect_result
+
+    with pytest.raises(ProtocolError) as refused:
+        validate_collect_result(dict(RESULT, episodes=episodes))
+    assert refused.value.status == 400 and refused.value.field == field
+    good = [{"return": r, "length": 5, "outcome": o} for r, o in ((1.0, 1), (0.0, 0), (-1.0, -1))]
+    assert (
+        validate_collect_result(dict(RESULT, episodes=good + [{"return": 3.0, "length": 2}]))["episodes"][0] == good[0]
+    )
+
+
+def test_the_actor_seats_a_tasks_opponent_and_reports_outcomes(tmp_path):
+    """Tic-tac-toe: a task naming an opponent snapshot seats it at seat 1 (an eval-mode policy holding those weights);
+    a task without one gives seat 1 back to the random slot; every ended game is reported with its outcome."""
+    pytest.importorskip("pettingzoo")
+    from nervex.system.actor import ActorRole
+
+    cfg = read_config(REPO_ROOT / "app_zoo" / "games" / "dist" / "tictactoe_dqn_dist.yaml")
+    cfg.env.collector_env_num = 2
+    cfg.system.coordinator.tick_s = 3600.0
+    run_dir = tmp_path / "run"
+    coordinator = Coordinator(cfg, str(run_dir), token=TOKEN, logger=logging.getLogger("test_actor.ttt"))
+    coordinator.start()
+    actor = None
+    try:
+        actor = ActorRole(cfg, str(run_dir), 0, "actor0", url=coordinator.url, token=TOKEN)
+        storage = Storage(storage_root(coordinator.cfg, coordinator.run_dir), min_free_bytes=0)
+        state = actor.policy.state_dict()
+        opponent = {**state, "model": {k: v + 0.5 for k, v in state["model"].items()}}
+        name = storage.put(encode_state_dict(opponent), "snapshot")
+        gathered = actor._gather({"unit": "sample", "n": 64, "opponent": name, "env_step": 10**6}, "t1")
+        seated = actor.actor.seating.slots["task_opponent"]
+        assert actor.actor.seating.seat_slots == ("main", "task_opponent") and actor.opponent == name
+        weights = seated.mode.forward.__self__.state_dict()["model"]  # the eval-mode policy's own weights
+        assert all(torch.equal(weights[k], opponent["model"][k]) for k in weights)
+        episodes = gathered["episodes"]
+        assert episodes and all(e["outcome"] in (-1, 0, 1) and e["return"] == e["outcome"] for e in episodes)
+        actor._gather({"unit": "sample", "n": 8, "opponent": None, "env_step": 10**6}, "t2")
+        assert actor.actor.seating.seat_slots == ("main", "opponent") and actor.opponent is None
+    finally:
+        if actor is not None:
+            actor.close()
+        coordinator.stop()

@@ -1,11 +1,12 @@
-"""Serial evaluator: plays greedy episodes and decides when training has reached its target return."""
+"""Serial evaluator: plays greedy episodes (the learning slots against the act-only ones) and decides when training
+has reached its target return."""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from nervex.config import Field, compile_section
 
 from .env_manager import BaseEnvManager
 from .serial_actor import action_clipper
+from .slots import PolicySlot, Seating, build_seating
 
 # the evaluator env manager's failure counters reported by eval(), as eval/env_<name>
 ENV_FAULT_COUNTERS = ("restarts", "timeouts", "crashes")
@@ -26,8 +28,20 @@ def eval_episodes_per_env(n_episode: int, env_num: int) -> int:
     return max(1, math.ceil(n_episode / max(1, env_num)))
 
 
+def outcome_figures(outcomes: List[int]) -> Dict[str, Any]:
+    """``eval/wins``, ``eval/draws``, ``eval/losses`` and ``eval/win_rate`` of a game's outcomes (+1, 0, -1); empty
+    when there are none (not a game)."""
+    if not outcomes:
+        return {}
+    counts = {
+        name: sum(1 for o in outcomes if o == value) for name, value in (("wins", 1), ("draws", 0), ("losses", -1))
+    }
+    return {f"eval/{name}": count for name, count in counts.items()} | {"eval/win_rate": counts["wins"] / len(outcomes)}
+
+
 class SerialEvaluator:
-    """Runs ``n_episode`` evaluation episodes with a policy's eval mode.
+    """Runs ``n_episode`` evaluation episodes: the policy's eval mode plays the learning slots' seats, the act-only
+    slots of ``actor.slots`` (random, snapshot, callable) play theirs, as in collection.
 
     Args:
         cfg: The compiled ``evaluator`` section: ``n_episode``, ``eval_freq`` (env steps between evaluations),
@@ -35,6 +49,9 @@ class SerialEvaluator:
         env_manager: An env manager built with ``episode_num = eval_episodes_per_env(n_episode, env_num)``.
         eval_mode: ``policy.eval_mode``.
         logger: Where a warning goes when envs were restarted during an evaluation; default: this module's logger.
+        slots: The ``actor.slots`` section (None: the eval mode plays every seat).
+        seed: Seeds the act-only slots' random actions.
+        policy_factory: Makes a fresh eval-mode policy for a ``snapshot`` slot.
     """
 
     config: Dict[str, Any] = dict(
@@ -50,10 +67,15 @@ class SerialEvaluator:
         env_manager: BaseEnvManager,
         eval_mode: Any,
         logger: Optional[logging.Logger] = None,
+        slots: Optional[Mapping[str, Any]] = None,
+        seed: int = 0,
+        policy_factory: Optional[Callable[[], Any]] = None,
     ) -> None:
         self._cfg = compile_section(SerialEvaluator, cfg, "evaluator")
         self._env = env_manager
-        self._policy = eval_mode
+        self.seating: Seating = build_seating(
+            slots, env_manager.env_info(), lambda name, rng: PolicySlot(name, "learn", eval_mode), seed, policy_factory
+        )
         self.logger = logger or logging.getLogger(__name__)
         self._last_eval_step: float = -math.inf if cfg.get("eval_at_start", False) else 0
         self.eval_time = 0.0
@@ -67,35 +89,21 @@ class SerialEvaluator:
 
         Args:
             train_iter, env_step: Progress, reported with the figures.
-            setting: The command mode's eval settings (keyword arguments of the eval forward).
+            setting: The command mode's eval settings (keyword arguments of the learning slots' eval forward).
 
         Returns:
             ``{'eval/mean_reward', 'eval/std_reward', 'eval/min_reward', 'eval/max_reward', 'eval/mean_ep_len',
             'eval/n_episode', 'eval/time', 'eval/env_restarts', 'eval/env_timeouts', 'eval/env_crashes',
-            'stop', 'best'}``; ``stop`` is true when the mean reached ``stop_val``, ``best`` when it beat every earlier
-            evaluation. The ``eval/env_*`` counters are the env manager's (``stats``), counted since it was built;
-            episodes cut by a restart are left out of the returns.
+            'stop', 'best'}``, the rewards being the first learning slot's returns; for games also ``eval/wins``,
+            ``eval/draws``, ``eval/losses`` (its outcomes, counted exactly: they sum to ``eval/n_episode``) and
+            ``eval/win_rate``. ``stop`` is true when the mean reached ``stop_val``, ``best`` when it beat every
+            earlier evaluation. The ``eval/env_*`` counters are the env manager's (``stats``), counted since it was
+            built; episodes cut by a restart are left out.
         """
         start = time.perf_counter()
         restarts_before = self._env.stats["restarts"]
         self._last_eval_step = env_step
-        self._env.reset()
-        self._policy.reset(None)
-        clip = action_clipper(self._env.env_info().act_space)
-        setting = setting or {}
-        returns: List[float] = []
-        lengths: List[int] = []
-        while not self._env.done:
-            obs = self._env.ready_obs
-            data_id = list(obs.keys())
-            output = self._policy.forward(data_id, obs, **setting)
-            timesteps = self._env.step({env_id: clip(output[env_id]["action"]) for env_id in data_id})
-            for env_id, timestep in timesteps.items():
-                if timestep.done:
-                    self._policy.reset([env_id])
-                    if "episode_return" in timestep.info and not timestep.info.get("abnormal", False):
-                        returns.append(float(timestep.info["episode_return"]))
-                        lengths.append(int(timestep.info["episode_len"]))
+        returns, lengths, outcomes = self._play(setting or {})
         elapsed = time.perf_counter() - start
         self.eval_time += elapsed
         mean = float(np.mean(returns)) if returns else float("nan")
@@ -110,6 +118,7 @@ class SerialEvaluator:
             "eval/max_reward": float(np.max(returns)) if returns else float("nan"),
             "eval/mean_ep_len": float(np.mean(lengths)) if lengths else float("nan"),
             "eval/n_episode": len(returns),
+            **outcome_figures(outcomes),
             "eval/time": elapsed,
             **faults,
             "train_iter": train_iter,
@@ -117,6 +126,31 @@ class SerialEvaluator:
             "stop": bool(returns) and mean >= self._cfg["stop_val"],
             "best": best,
         }
+
+    def _play(self, setting: Dict[str, Any]) -> Tuple[List[float], List[int], List[int]]:
+        """Every env's episodes: the first learning slot's returns, the lengths and (games) its outcomes."""
+        self._env.reset()
+        seating = self.seating
+        seating.reset(None)
+        clip = action_clipper(self._env.env_info().act_space)
+        returns: List[float] = []
+        lengths: List[int] = []
+        outcomes: List[int] = []
+        while not self._env.done:
+            obs = self._env.ready_obs
+            acted = seating.act(obs, setting)
+            timesteps = self._env.step({env_id: clip(acted[env_id][1]["action"]) for env_id in obs})
+            for env_id, timestep in timesteps.items():
+                if not timestep.done:
+                    continue
+                seating.reset([env_id])
+                if "episode_return" in timestep.info and not timestep.info.get("abnormal", False):
+                    result = seating.result(env_id, timestep.info)
+                    returns.append(result.returns[seating.main])
+                    lengths.append(result.length)
+                    if seating.main in result.outcomes:
+                        outcomes.append(result.outcomes[seating.main])
+        return returns, lengths, outcomes
 
     def _report_env_faults(self, restarts_before: int, env_step: int) -> Dict[str, int]:
         """The env manager's fault counters as ``eval/env_<name>``; a warning when envs were restarted meanwhile."""

@@ -2,8 +2,9 @@
 
 Layout: ``env_num`` envs over ``worker_num`` processes in contiguous blocks (envs 0-3 in worker 0...). One step
 sends one message per worker with the actions of its envs and gets one answer back; observations and rewards
-travel through shared memory (rows of one array per manager) when the observation space is a Box, the rest
-(``info``, final observations) through the pipe.
+travel through shared memory (rows of one array per manager; reward rows shaped like the env's ``rew_space``: a
+float, or one per agent) when the observation space is a Box, the rest (``info``, final observations, dict
+observations and their rewards) through the pipe.
 
 Failures (see :func:`~nervex.worker.actor.env_manager.base_env_manager.abnormal_timestep` for what the actor
 receives):
@@ -34,10 +35,11 @@ import numpy as np
 
 from nervex.config import Field, signature_config
 from nervex.envs.base_env import BaseEnvTimestep
+from nervex.envs.multi_agent import reward_shape
 from nervex.utils.registry import ENV_MANAGER_REGISTRY
 
 from .base_env_manager import _MISSING, BaseEnvManager, EnvError, EnvFn, abnormal_timestep
-from .subprocess_worker import DONE, DONE_RESET, RESET_REQUEST, RESETTING, STEP, STEPPING
+from .subprocess_worker import DONE, DONE_RESET, RESET_REQUEST, RESETTING, STEP, STEPPING, SharedSlots
 from .worker_pool import WorkerHandle, WorkerPool, describe_exit, split_envs
 
 _new_timestep = tuple.__new__
@@ -150,19 +152,23 @@ class SubprocessEnvManager(BaseEnvManager):
             self.close()
             raise
 
-    def _setup_shared_memory(self) -> Optional[Tuple[Any, Any, str, Tuple[int, ...]]]:
+    def _setup_shared_memory(self) -> Optional[SharedSlots]:
+        """Rows for Box observations and for rewards shaped like ``rew_space`` (its float dtype, else float64)."""
         self._obs_buf = self._rew_buf = None
         if not self._use_shm:
             return None
-        space = self.env_info().obs_space
+        info = self.env_info()
+        space = info.obs_space
         if not isinstance(space, gym.spaces.Box):
-            return None  # Dict/Tuple/Discrete observations go through the pipe
-        dtype, shape = np.dtype(space.dtype), (self._env_num, *space.shape)
-        obs_raw = self._ctx.RawArray("b", max(1, int(np.prod(shape)) * dtype.itemsize))
-        rew_raw = self._ctx.RawArray("d", self._env_num)
-        self._obs_buf = np.frombuffer(obs_raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-        self._rew_buf = np.frombuffer(rew_raw, dtype=np.float64)
-        return obs_raw, rew_raw, dtype.str, shape
+            return None  # Dict/Tuple/Discrete observations (and then rewards too) go through the pipe
+        rew_space = info.rew_space
+        declared = getattr(rew_space, "dtype", None)
+        rew_dtype = declared if declared is not None and np.dtype(declared).kind == "f" else np.float64
+        shm = SharedSlots.allocate(
+            self._ctx, space.dtype, (self._env_num, *space.shape), rew_dtype, (self._env_num, *reward_shape(info))
+        )
+        self._obs_buf, self._rew_buf = shm.arrays()
+        return shm
 
     # ---- the answer loop ---------------------------------------------------------------------------------------
     def _send(self, worker: WorkerHandle, command: str, arg: Any) -> None:
@@ -233,12 +239,13 @@ class SubprocessEnvManager(BaseEnvManager):
         for env_id, phase, error, tb in failures:
             self._on_env_failure(worker, env_id, phase, error, tb)
 
-    def _read_shared(self, worker: WorkerHandle) -> Tuple[Optional[np.ndarray], Optional[List[float]]]:
+    def _read_shared(self, worker: WorkerHandle) -> Tuple[Optional[np.ndarray], Optional[Sequence[Any]]]:
         if self._obs_buf is None:
             return None, None
         lo, hi = worker.env_ids[0], worker.env_ids[-1] + 1
         # one copy per answer: later steps overwrite the shared rows, the views handed out must not change
-        return self._obs_buf[lo:hi].copy(), self._rew_buf[lo:hi].tolist()
+        rewards = self._rew_buf[lo:hi]
+        return self._obs_buf[lo:hi].copy(), rewards.tolist() if rewards.ndim == 1 else rewards.copy()
 
     def _on_step_results(self, worker: WorkerHandle, results: List[Any]) -> None:
         obs_rows, rewards = self._read_shared(worker)

@@ -9,7 +9,7 @@ Protocol (parent -> child, each a ``(command, argument)`` tuple; the child answe
 - ``('close', None)``: close every env and exit.
 
 ``results`` lists ``(env_id, status, reward, info, obs, final_obs)`` (see the ``STEP``... constants); with shared
-memory, ``obs`` and ``reward`` are ``None`` and live in the shared arrays at row ``env_id``. ``failures`` lists
+memory (:class:`SharedSlots`), ``obs`` and ``reward`` are ``None`` and live in the shared arrays at row ``env_id``. ``failures`` lists
 ``(env_id, phase, error, traceback_text)``; a failed env is left for the parent to restart.
 
 Besides answering, the child keeps its :class:`PhaseSlot` up to date (idle, stepping or resetting, and since when),
@@ -24,7 +24,7 @@ import select
 import signal
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -107,6 +107,17 @@ class EnvHost:
         row[...] = obs
         return None
 
+    def _put_reward(self, env_id: int, reward: Any) -> None:
+        """Write ``reward`` to the shared row of ``env_id`` (no broadcasting: its shape must be the row's)."""
+        row_shape = self._rew.shape[1:]
+        if np.shape(reward) != row_shape:
+            raise ValueError(
+                f"reward of shape {np.shape(reward)} does not fit the shared-memory slot {row_shape} sized from "
+                f"env_info().rew_space; return rewards of the declared shape (a float when rew_space is None)"
+            )
+        self._rew[env_id] = reward
+        return None
+
     def step(self, actions: Dict[int, Any], no_reset: Sequence[int]) -> Tuple[str, List[Any], List[Failure]]:
         results: List[Any] = []
         failures: List[Failure] = []
@@ -116,6 +127,8 @@ class EnvHost:
             env = self._envs[env_id]
             try:
                 obs, reward, done, info = env.step(action)
+                if rew is not None:
+                    reward = self._put_reward(env_id, reward)
             except EnvResetRequest as e:
                 phase.set(RESETTING)
                 self._reset_one(env_id, None, results, failures, RESET_REQUEST, _describe(e))
@@ -124,9 +137,6 @@ class EnvHost:
             except Exception as e:  # noqa: BLE001 - user env code; the parent's retry policy decides
                 failures.append((env_id, "step", _describe(e), traceback.format_exc()))
                 continue
-            if rew is not None:
-                rew[env_id] = reward
-                reward = None
             if done and env_id not in no_reset:
                 phase.set(RESETTING)
                 try:
@@ -179,11 +189,45 @@ class EnvHost:
             self.close_env(env_id)
 
 
-def _arrays(shm: Optional[Tuple[Any, Any, str, Tuple[int, ...]]]) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
-    if shm is None:
-        return None, None
-    obs_raw, rew_raw, dtype, shape = shm
-    return np.frombuffer(obs_raw, dtype=dtype).reshape(shape), np.frombuffer(rew_raw, dtype=np.float64)
+class SharedSlots(NamedTuple):
+    """The shared-memory rows of one manager: observations and rewards, one row per env (row ``env_id``).
+
+    ``obs_shape`` / ``rew_shape`` include the leading ``env_num`` axis; ``rew_shape`` is ``(env_num,)`` for scalar
+    rewards and ``(env_num, agent_num)`` for per-agent ones (sized from the env's ``rew_space``).
+    """
+
+    obs_raw: Any
+    rew_raw: Any
+    obs_dtype: str
+    obs_shape: Tuple[int, ...]
+    rew_dtype: str
+    rew_shape: Tuple[int, ...]
+
+    @classmethod
+    def allocate(cls, ctx: Any, obs_dtype: Any, obs_shape: Tuple[int, ...], rew_dtype: Any, rew_shape: Tuple[int, ...]):
+        """Allocate both arrays from ``ctx`` (``RawArray``: no lock, each row has one writer at a time)."""
+        raws = [
+            ctx.RawArray("b", max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize))
+            for dtype, shape in ((obs_dtype, obs_shape), (rew_dtype, rew_shape))
+        ]
+        return cls(
+            raws[0], raws[1], np.dtype(obs_dtype).str, tuple(obs_shape), np.dtype(rew_dtype).str, tuple(rew_shape)
+        )
+
+    def arrays(self) -> Tuple[np.ndarray, np.ndarray]:
+        """NumPy views of the observation and reward rows."""
+        views = [
+            np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+            for raw, dtype, shape in (
+                (self.obs_raw, self.obs_dtype, self.obs_shape),
+                (self.rew_raw, self.rew_dtype, self.rew_shape),
+            )
+        ]
+        return views[0], views[1]
+
+
+def _arrays(shm: Optional[SharedSlots]) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    return (None, None) if shm is None else shm.arrays()
 
 
 def _setup_child(parent_conn: Any, fault_path: Optional[str]) -> Any:
@@ -205,7 +249,7 @@ def worker_main(
     parent_conn: Any,
     env_fn: Callable[[Any], Any],
     env_cfgs: Dict[int, Any],
-    shm: Optional[Tuple[Any, Any, str, Tuple[int, ...]]],
+    shm: Optional[SharedSlots],
     phase: PhaseSlot,
     parent_pid: int,
     fault_path: Optional[str],

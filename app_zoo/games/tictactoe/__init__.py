@@ -1,0 +1,1 @@
+"""Tic-tac-toe (PettingZoo ``classic/tictactoe-v3``)."""

@@ -1,0 +1,3 @@
+from .tictactoe_env import TicTacToeEnv
+
+__all__ = ["TicTacToeEnv"]
