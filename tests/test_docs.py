@@ -15,9 +15,15 @@ CONFIGS = sorted(
 )
 
 
+USER_NAMED = {"actor.slots": "actor.slots.<name>"}
+"""Sections whose keys are names the user chooses: documented once under a placeholder (``actor.slots.<name>.kind``)."""
+
+
 def flat_keys(cfg, prefix=""):
     for key, value in cfg.items():
         path = f"{prefix}.{key}" if prefix else key
+        if prefix in USER_NAMED:
+            path = USER_NAMED[prefix]
         if isinstance(value, dict) and value and key not in ("model",):
             yield from flat_keys(value, path)
         else:

@@ -123,6 +123,7 @@ def _serial_parts(cfg: Mapping[str, Any], source: Optional[str]) -> Tuple[Config
     """``config_parts`` and the policy class it resolved."""
     from nervex.data import BUFFER_REGISTRY
     from nervex.worker.actor import SerialActor, SerialEvaluator
+    from nervex.worker.actor.slots import check_slots
     from nervex.worker.learner import BaseLearner
 
     where = f" in {os.path.basename(source)}" if source else ""
@@ -150,7 +151,7 @@ def _serial_parts(cfg: Mapping[str, Any], source: Optional[str]) -> Tuple[Config
         sections=sections,
         open_sections=[] if policy_cls.declares_config() else ["policy"],
         absent=absent,
-        checks=[_model_check(policy_cls), _resolve_on_policy(policy_cls), _check_on_policy_manager],
+        checks=[_model_check(policy_cls), _resolve_on_policy(policy_cls), _check_on_policy_manager, check_slots],
     )
     return parts, policy_cls
 

@@ -16,8 +16,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from nervex.config import apply_overrides, compile_config, read_config
-from nervex.entry import DefaultCallbacks, SerialTrainer, load_policy
+from nervex.config import ConfigError, apply_overrides, read_config
+from nervex.entry import DefaultCallbacks, SerialTrainer, compile_config, load_policy
 from nervex.entry.builder import make_actor, make_env_managers, make_evaluator, make_policy
 from nervex.policy import CollectSpec
 
@@ -132,3 +132,10 @@ def test_parallel_dqn_wins_90_percent_of_games_as_first_mover(tmp_path):
     result = evaluate_first_mover(cfg, policy)
     assert_outcomes_exact(result, EVAL_GAMES)
     assert result["eval/win_rate"] >= 0.9, result
+
+
+def test_a_malformed_slot_is_refused_when_the_config_is_compiled():
+    """``actor.slots`` is checked by the compile (``check_slots``), before any env or actor exists."""
+    cfg = apply_overrides(read_config(CONFIG), ["actor.slots.opponent.kind=randm"])
+    with pytest.raises(ConfigError, match=r"actor\.slots\.opponent\.kind.*did you mean 'random'"):
+        compile_config(cfg)
