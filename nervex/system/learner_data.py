@@ -6,9 +6,9 @@ with the data, and the off-policy replay-ratio credit:
 * each announced samples file is read from the storage path (SHA-256 checked) and decoded (``decode_samples``:
   safetensors, never pickle); a file whose snapshot is more than ``system.learner.max_policy_lag`` gradient steps old
   is dropped (``dropped_stale``), one that is gone is ``missing``, one that is malformed or not trainable ``bad_data``;
-* off-policy, the samples go to the replay buffer, and every env step after ``learning_starts`` earns
-  ``update_per_collect / n_sample`` gradient steps (the serial trainer's replay ratio, whatever size the collect tasks
-  have), which ``train_owed`` spends;
+* off-policy, the samples go to the replay buffer, and once ``learning_starts`` env steps are reached (counting the
+  result's own), each env step of a result earns ``update_per_collect / n_sample`` gradient steps (the serial
+  trainer's replay ratio and start, whatever size the collect tasks have), which ``train_owed`` spends;
 * on-policy, each rollout is trained on as it arrives (every rank on its shard); its samples must share their
   fields, shapes and dtypes with each other and with the rollouts trained on before.
 """
@@ -128,8 +128,8 @@ class DataIntake:
                 continue
             count += 1
             self.counters["results"] += 1
-            if not self.on_policy:
-                self.credit += min(env_steps, max(0, self.loop.env_step - self.learning_starts)) * self.ratio
+            if not self.on_policy and self.loop.env_step >= self.learning_starts:
+                self.credit += env_steps * self.ratio  # as serial mode trains after a collection that reaches it
         return count
 
     def _read(self, result: Mapping[str, Any], task_id: str) -> Optional[List[Dict[str, Any]]]:
