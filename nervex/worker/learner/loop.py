@@ -19,12 +19,19 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional
 
 import torch
 
 from nervex.torch_utils import collate
 from nervex.utils.log_helper import CsvWriter, ScalarWriter
+
+from .base_learner import BaseLearner
+
+if TYPE_CHECKING:
+    from nervex.data import AsyncDataLoader, BaseBuffer
+    from nervex.policy import Policy
+    from nervex.worker.actor import SerialEvaluator
 
 EVAL_CSV_FIELDS = [
     "env_step",
@@ -123,10 +130,10 @@ class LearnLoop:
     def __init__(
         self,
         cfg: Mapping[str, Any],
-        policy: Any,
-        learner: Any,
-        buffer: Optional[Any],
-        evaluator: Any,
+        policy: Policy,
+        learner: BaseLearner,
+        buffer: Optional[BaseBuffer],
+        evaluator: SerialEvaluator,
         *,
         run_dir: Optional[str] = None,
         logger: Optional[logging.Logger] = None,
@@ -151,7 +158,7 @@ class LearnLoop:
         self.prefetch = int(prefetch)
         self.on_batch = on_batch
         self.eval_csv = CsvWriter(os.path.join(run_dir, "eval.csv"), EVAL_CSV_FIELDS) if run_dir else None
-        self.loader: Optional[Any] = None  # the AsyncDataLoader when prefetching, made at the first batch
+        self.loader: Optional[AsyncDataLoader] = None  # the AsyncDataLoader when prefetching, made at the first batch
         self._shuffle = torch.Generator().manual_seed(int(seed))
         self._window = FigureMeans()  # the train figures since the last scalar write
         self.env_step = 0
