@@ -1,13 +1,15 @@
 """Serial training: every part in one process (envs may still run in subprocesses).
 
 ``SerialTrainer`` builds a run from one config with the builder's ``make_*`` functions and reads the policy only
-through its training contract (``Policy.contract``) and its four modes. One iteration (``SerialTrainer.train``):
+through its training contract (``Policy.contract``) and its four modes. It collects; the learn loop
+(``nervex.worker.learner.LearnLoop``, which the parallel learner drives too) trains, evaluates and stops. One
+iteration (``SerialTrainer.train``):
 
     setting = policy.command_mode.get_setting_collect(progress)      # e.g. epsilon for this env step
     samples = actor.collect(contract.collect, setting)               # the contract's unit: samples, rollout, episodes
-    off-policy: buffer.extend(samples); update_per_collect x learner.train(buffer.sample(batch_size))
-    on-policy:  epoch_per_collect x (shuffled minibatches of the rollout) -> learner.train(minibatch)
-    if it is time: evaluator.eval() -> stop once the mean return reaches stop_val
+    off-policy: loop.store(samples); loop.train_off_policy(update_per_collect)    # after learning_starts
+    on-policy:  loop.train_rollout(samples)        # epoch_per_collect x shuffled minibatches of the rollout
+    if it is time: loop.evaluate() -> eval.csv, ckpt/best.pt, stop once the mean return reaches stop_val
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from easydict import EasyDict
 
 from nervex.config import is_compiled, read_config, save_config
 from nervex.policy import set_seed
-from nervex.torch_utils import collate, load_checkpoint
-from nervex.utils.log_helper import CsvWriter, ScalarWriter, build_logger, close_logger
+from nervex.torch_utils import load_checkpoint, save_checkpoint
+from nervex.utils.log_helper import ScalarWriter, build_logger, close_logger
+from nervex.worker.learner.loop import LearnLoop, Trained, train_scalar_name
 
 from .builder import (
     compile_config,
@@ -36,31 +39,10 @@ from .builder import (
 )
 from .callbacks import DefaultCallbacks
 
-EVAL_CSV_FIELDS = [
-    "env_step",
-    "train_iter",
-    "mean_reward",
-    "std_reward",
-    "min_reward",
-    "max_reward",
-    "n_episode",
-    "wall_time",
-    "eval_time",
-]
-
 
 def default_exp_name(cfg: Mapping[str, Any], seed: int) -> str:
     env = cfg["env"].get("env_id") or cfg["env"]["env_type"]
     return f"{env}__{cfg['policy']['policy_type']}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def index_batch(batch: Any, index: torch.Tensor) -> Any:
-    """Rows ``index`` of every tensor in a (nested) batch dict; other values pass through."""
-    if isinstance(batch, torch.Tensor):
-        return batch.index_select(0, index.to(batch.device))
-    if isinstance(batch, Mapping):
-        return {k: index_batch(v, index) for k, v in batch.items()}
-    return batch
 
 
 class SerialTrainer:
@@ -130,169 +112,95 @@ class SerialTrainer:
         self.evaluator = make_evaluator(cfg, evaluator_env, self.policy)
         self.evaluator.logger = self.logger  # its env-restart warnings go to the run's log.txt
         self.buffer = make_buffer(cfg, self.contract, self.seed)
-        self._shuffle = torch.Generator().manual_seed(self.seed)  # on-policy minibatch order
-        self.eval_csv = CsvWriter(os.path.join(self.run_dir, "eval.csv"), EVAL_CSV_FIELDS)
-        self._loader: Optional[Any] = None  # AsyncDataLoader when learner.prefetch > 0, made at the first batch
         self.learner.call_hook("before_run")  # may resume from learner.hook.load_ckpt
-        self.actor.env_step = self.learner.env_step
-        self.stopped = False
-        self.stop_reason = ""
-        self.last_eval: Dict[str, Any] = {}
-        self._start_time = time.time()
-        self._start_env_step = self.actor.env_step
-        self._last_log_step = self.actor.env_step
+        self.loop = LearnLoop(  # last: it opens eval.csv
+            cfg,
+            self.policy,
+            self.learner,
+            self.buffer,
+            self.evaluator,
+            run_dir=self.run_dir,
+            logger=self.logger,
+            scalar_writer=self.scalar_writer,
+            seed=self.seed,
+            prefetch=int(cfg.learner.prefetch),
+            on_batch=lambda batch, info: self.callbacks.on_learn_on_batch(self, batch, info),
+        )
+        self.loop.set_progress(self.learner.env_step)
         self._logged_restarts = 0
 
     # ---- the loop --------------------------------------------------------------------------------------------
     @property
     def env_step(self) -> int:
-        return self.actor.env_step
+        """Env steps of the run (counted by the learn loop, from a resumed checkpoint's on)."""
+        return self.loop.env_step
 
     @property
     def train_iter(self) -> int:
         """Gradient steps taken so far."""
-        return self.learner.last_iter
+        return self.loop.train_iter
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the target return, ``max_env_step`` or ``max_train_iter`` was reached."""
+        return self.loop.stopped
+
+    @property
+    def stop_reason(self) -> str:
+        return self.loop.stop_reason
+
+    @property
+    def last_eval(self) -> Dict[str, Any]:
+        """The figures of the last evaluation (empty before the first)."""
+        return self.loop.last_eval
 
     def command_info(self) -> Dict[str, Any]:
         """The progress the command mode turns into settings (``learner_step`` is nerveX's name of ``train_iter``)."""
-        return {
-            "env_step": self.env_step,
-            "train_iter": self.train_iter,
-            "learner_step": self.train_iter,
-            "max_env_step": int(self.cfg.max_env_step),
-            "max_train_iter": int(self.cfg.max_train_iter),
-        }
+        return self.loop.command_info()
 
     def train(self) -> Dict[str, Any]:
         """Run one iteration (collect, learn, maybe evaluate) and return its figures."""
         if self._closed:
             raise RuntimeError("this SerialTrainer is closed")
-        command = self.policy.command_mode
-        setting = command.get_setting_collect(self.command_info())
+        setting = self.policy.command_mode.get_setting_collect(self.command_info())
         learn = self.contract.learn
         warmup = learn.random_warmup and self.env_step < learn.learning_starts
+        before = self.actor.env_step
         samples = self.actor.collect(self.contract.collect, setting, random_action=warmup)
+        self.loop.env_step += self.actor.env_step - before
         self.callbacks.on_sample_end(self, samples)
-        learn_setting = command.get_setting_learn(self.command_info())
-        if self.contract.on_policy:
-            learn_info = self._learn_on_policy(samples, learn_setting)
-        else:
-            learn_info = self._learn_off_policy(samples, learn_setting)
+        trained = self._learn(samples)
+        rollout = self.actor.stats()
         result: Dict[str, Any] = {"env_step": self.env_step, "train_iter": self.train_iter}
         result.update({k: v for k, v in setting.items() if isinstance(v, (int, float))})
-        result.update(self.actor.stats())
-        result.update({f"train/{k}" if k != "total_loss" else "train/loss": v for k, v in learn_info.items()})
-        result.update(self._maybe_eval(command.get_setting_eval(self.command_info())))
-        self._check_limits()
-        result["stop"] = self.stopped
-        self._log(result)
+        result.update(rollout)
+        result.update({train_scalar_name(k): v for k, v in trained.figures.items()})
+        if self.loop.eval_due():
+            result.update(self.loop.evaluate())
+        result["stop"] = self.loop.check_limits()
+        result.update(self.loop.time_figures())
+        self._warn_env_restarts(rollout)
+        self.loop.write_scalars(rollout)
         self.callbacks.on_train_result(self, result)
         return result
 
-    def _learn_on_policy(self, samples: List[Dict[str, Any]], setting: Dict[str, Any]) -> Dict[str, float]:
-        """``epoch_per_collect`` shuffled passes of minibatches over the rollout; figures averaged over the phase."""
-        if not samples:
-            return {}
-        batch = collate(samples)
-        n = len(samples)
-        size = self.contract.learn.batch_size or n
-        sums: Dict[str, float] = {}
-        steps = 0
-        for _ in range(self.contract.learn.epoch_per_collect):
-            # one minibatch of the whole rollout: its gradient is a mean over all samples, so order is irrelevant
-            order = torch.randperm(n, generator=self._shuffle) if size < n else None
-            for start in range(0, n, size):
-                minibatch = batch if order is None else index_batch(batch, order[start : start + size])
-                info = self.learner.train(minibatch, self.env_step, setting)
-                self.callbacks.on_learn_on_batch(self, minibatch, info)
-                _accumulate(sums, info)
-                steps += 1
-        return {k: v / steps for k, v in sums.items()}
-
-    def _learn_off_policy(self, samples: List[Dict[str, Any]], setting: Dict[str, Any]) -> Dict[str, float]:
+    def _learn(self, samples: List[Dict[str, Any]]) -> Trained:
+        """On-policy: train on the rollout; off-policy: store it, then ``update_per_collect`` steps once the run
+        is past ``learning_starts``."""
+        if self.contract.on_policy:
+            return self.loop.train_rollout(samples)
+        self.loop.store(samples)
         learn = self.contract.learn
-        self.buffer.extend(samples, learner_iter=self.train_iter)
-        if self.env_step < learn.learning_starts or len(self.buffer) < learn.batch_size:
-            return {}
-        sums: Dict[str, float] = {}
-        steps = 0
-        for _ in range(learn.update_per_collect):
-            batch = self._next_batch(learn.batch_size)
-            if batch is None:
-                break
-            info = self.learner.train(batch, self.env_step, setting)
-            self.callbacks.on_learn_on_batch(self, batch, info)
-            if "priority" in info:
-                self.buffer.update(info["priority"], unique_id=batch["unique_id"])
-            _accumulate(sums, info)
-            steps += 1
-        return {k: v / steps for k, v in sums.items()} if steps else {}
+        return self.loop.train_off_policy(learn.update_per_collect if self.env_step >= learn.learning_starts else 0)
 
-    def _next_batch(self, batch_size: int) -> Optional[Dict[str, Any]]:
-        prefetch = int(self.cfg.learner.prefetch)
-        if prefetch <= 0:
-            return self.buffer.sample(batch_size, learner_iter=self.train_iter)
-        if self._loader is None:
-            from nervex.data import AsyncDataLoader
-
-            self._loader = AsyncDataLoader(
-                self.buffer,
-                batch_size=batch_size,
-                queue_size=prefetch,
-                pin_memory=self.policy.device.type == "cuda",
-                learner_iter_fn=lambda: self.train_iter,
-            )
-        return next(self._loader)
-
-    def _maybe_eval(self, setting: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        if not self.evaluator.should_eval(self.env_step):
-            return {}
-        res = self.evaluator.eval(self.train_iter, self.env_step, setting)
-        self.last_eval = res
-        wall = time.time() - self._start_time
-        self.eval_csv.write(
-            {k.split("/")[-1]: v for k, v in res.items()} | {"wall_time": wall, "eval_time": res["eval/time"]}
-        )
-        self.logger.info(
-            f"[evaluator] env_step={self.env_step} train_iter={self.train_iter} "
-            f"mean_reward={res['eval/mean_reward']:.2f} (+-{res['eval/std_reward']:.2f}, {res['eval/n_episode']} episodes)"
-        )
-        if res["best"]:
-            self.learner.save_checkpoint(os.path.join(self.run_dir, "ckpt", "best.pt"))
-        if res["stop"]:
-            self.stopped = True
-            self.stop_reason = (
-                f"evaluation mean {res['eval/mean_reward']:.2f} >= stop_val {self.cfg.evaluator.stop_val}"
-            )
-            self.logger.info(f"target reached: {self.stop_reason}")
-        return {k: v for k, v in res.items() if k.startswith("eval/")}
-
-    def _check_limits(self) -> None:
-        if self.stopped:
-            return
-        if self.env_step >= self.cfg.max_env_step:
-            self.stopped, self.stop_reason = True, f"max_env_step {self.cfg.max_env_step} reached"
-        elif self.train_iter >= self.cfg.max_train_iter:
-            self.stopped, self.stop_reason = True, f"max_train_iter {self.cfg.max_train_iter} reached"
-
-    def _log(self, result: Dict[str, Any]) -> None:
-        restarts = int(result.get("env/restarts", 0))
+    def _warn_env_restarts(self, rollout: Mapping[str, float]) -> None:
+        restarts = int(rollout.get("env/restarts", 0))
         if restarts > self._logged_restarts:
             self.logger.warning(
-                f"[actor] env restarts: {restarts} (dropped episodes: {int(result.get('env/dropped_episodes', 0))}, "
-                f"timeouts: {int(result.get('env/timeouts', 0))}, crashes: {int(result.get('env/crashes', 0))})"
+                f"[actor] env restarts: {restarts} (dropped episodes: {int(rollout.get('env/dropped_episodes', 0))}, "
+                f"timeouts: {int(rollout.get('env/timeouts', 0))}, crashes: {int(rollout.get('env/crashes', 0))})"
             )
             self._logged_restarts = restarts
-        elapsed = max(1e-9, time.time() - self._start_time)
-        result["time/fps"] = (self.env_step - self._start_env_step) / elapsed
-        result["time/time_elapsed"] = elapsed
-        # rollout/time scalars every 1000 env steps keep event files small; eval scalars whenever there are some
-        if self.env_step - self._last_log_step >= 1000 or any(k.startswith("eval/") for k in result) or self.stopped:
-            self._last_log_step = self.env_step
-            scalars = {k: v for k, v in result.items() if "/" in k and v is not None}
-            if self.buffer is not None:
-                scalars.update(self.buffer.stats())
-            self.scalar_writer.add_scalars(scalars, self.env_step)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         while not self.stopped:
@@ -317,7 +225,7 @@ class SerialTrainer:
                     bar.set_postfix(eval=f"{result['eval/mean_reward']:.1f}")
         self.logger.info(
             f"training stopped ({self.stop_reason}) at env_step={self.env_step} train_iter={self.train_iter} "
-            f"after {time.time() - self._start_time:.1f}s"
+            f"after {self.loop.time_figures()['time/time_elapsed']:.1f}s"
         )
         return result
 
@@ -334,17 +242,15 @@ class SerialTrainer:
         """
         directory = directory or os.path.join(self.run_dir, "ckpt")
         os.makedirs(directory, exist_ok=True)
-        self.learner.env_step = self.env_step
-        path = self.learner.save_checkpoint(os.path.join(directory, f"iteration_{self.train_iter}.pt"))
+        path = os.path.join(directory, f"iteration_{self.train_iter}.pt")
+        save_checkpoint(self.loop.state_dict(), path)
         if with_buffer and self.buffer is not None:
             self.buffer.save(path[: -len(".pt")] + ".replay.npz")
         return path
 
     def load_checkpoint(self, path: str, with_buffer: bool = False) -> None:
         """Restore model, optimizer, ``train_iter`` and ``env_step`` (and the replay buffer if saved)."""
-        self.learner.load_checkpoint(path)
-        self.actor.env_step = self.learner.env_step
-        self._start_env_step = self.actor.env_step
+        self.loop.load_state_dict(load_checkpoint(path))
         replay = path[: -len(".pt")] + ".replay.npz"
         if with_buffer and self.buffer is not None and os.path.exists(replay):
             self.buffer.load(replay)
@@ -363,14 +269,11 @@ class SerialTrainer:
             return
         self._closed = True
         try:
-            self.learner.env_step = self.env_step
-            self.learner.call_hook("after_run")
+            self.loop.finish()
         finally:
-            if self._loader is not None:
-                self._loader.close()
+            self.loop.close()
             self.actor.close()
             self.evaluator.close()
-            self.eval_csv.close()
             self.scalar_writer.close()
             close_logger(self.logger)
 
@@ -387,14 +290,6 @@ class SerialTrainer:
                 self.evaluator.close()
         except Exception:
             pass
-
-
-def _accumulate(sums: Dict[str, float], info: Mapping[str, Any]) -> None:
-    for key, value in info.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            sums[key] = sums.get(key, 0.0) + float(value)
-        elif isinstance(value, torch.Tensor) and value.dim() == 0:
-            sums[key] = sums.get(key, 0.0) + float(value)
 
 
 class _ActorCallbacks:
@@ -494,5 +389,4 @@ __all__ = [
     "serial_eval",
     "load_policy",
     "default_exp_name",
-    "index_batch",
 ]

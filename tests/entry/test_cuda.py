@@ -59,8 +59,8 @@ def test_prefetching_loader_delivers_pinned_batches(run_root):
     with SerialTrainer(cfg, seed=0, exp_name="gpu_prefetch", run_root=run_root) as trainer:
         for _ in range(20):
             trainer.train()
-        assert trainer._loader is not None and trainer._loader.delivered >= trainer.train_iter > 0
-        batch = next(trainer._loader)  # what the learner gets next: pinned, so its copy to the GPU is asynchronous
+        assert trainer.loop.loader is not None and trainer.loop.loader.delivered >= trainer.train_iter > 0
+        batch = next(trainer.loop.loader)  # what the learner gets next: pinned, so its copy to the GPU is asynchronous
         assert batch["obs"].is_pinned() and batch["weight"].is_pinned()
 
 

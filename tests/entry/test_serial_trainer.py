@@ -267,7 +267,7 @@ def test_prefetching_learner_trains_and_stops_cleanly(run_root):
     with SerialTrainer(cfg, seed=0, exp_name="prefetch", run_root=run_root) as trainer:
         run_iters(trainer, 20)
         assert trainer.env_step == 160 and trainer.train_iter == 4 * (20 - 64 // 8 + 1)
-        assert trainer._loader is not None and trainer._loader.delivered >= trainer.train_iter
+        assert trainer.loop.loader is not None and trainer.loop.loader.delivered >= trainer.train_iter
     assert threading.active_count() == before  # the loader's thread is gone
 
 

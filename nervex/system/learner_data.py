@@ -1,0 +1,203 @@
+"""What the parallel learner does with the data the coordinator announces: read it, check it, feed the learn loop.
+
+``DataIntake`` owns the learner's poll cursor (``seq``), its data counters, the window of episode returns reported
+with the data, and the off-policy replay-ratio credit:
+
+* each announced samples file is read from the storage path (SHA-256 checked) and decoded (``decode_samples``:
+  safetensors, never pickle); a file whose snapshot is more than ``system.learner.max_policy_lag`` gradient steps old
+  is dropped (``dropped_stale``), one that is gone is ``missing``, one that is malformed or not trainable ``bad_data``;
+* off-policy, the samples go to the replay buffer, and once ``learning_starts`` env steps are reached (counting the
+  result's own), each env step of a result earns ``update_per_collect / n_sample`` gradient steps (the serial
+  trainer's replay ratio and start, whatever size the collect tasks have), which ``train_owed`` spends;
+* on-policy, each rollout is trained on as it arrives (every rank on its shard); its samples must share their
+  fields, shapes and dtypes with each other and with the rollouts trained on before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+
+from nervex.system.comm.codec import flatten_arrays
+from nervex.system.comm.errors import ProtocolError
+from nervex.system.comm.storage import Storage
+from nervex.system.samples import decode_samples
+from nervex.worker.learner.loop import LearnLoop
+
+TRAIN_CHUNK = 64
+"""Gradient steps between two polls when much training is owed (keeps snapshots and progress flowing)."""
+EPISODE_WINDOW = 100
+"""Episodes ``rollout/ep_rew_mean`` and ``rollout/ep_len_mean`` are averaged over."""
+
+Layout = Tuple[Tuple[str, str], ...]
+
+
+def sample_layout(sample: Mapping[str, Any]) -> Layout:
+    """``(leaf, 'shape dtype')`` for each leaf of a sample, sorted: what every sample of a rollout must share."""
+    layout = []
+    for name, value in flatten_arrays(sample).items():
+        if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+            layout.append((name, f"{tuple(value.shape)} {value.dtype}"))
+        else:
+            layout.append((name, type(value).__name__))
+    return tuple(sorted(layout))
+
+
+class DataIntake:
+    """Reads announced collect results into a learn loop (one per learner rank).
+
+    Args:
+        loop: The learn loop the data feeds.
+        storage: The run's storage path (samples files).
+        max_policy_lag: Drop data whose snapshot is more gradient steps old than this (None: keep all).
+        logger: Where skipped data is reported.
+        is_main: Rank 0 deletes each file once read.
+        barrier: With several ranks, waits until every rank has read the file (before rank 0 deletes it).
+        on_trained: Called after each rollout trained on (on-policy): the learner publishes a snapshot.
+    """
+
+    def __init__(
+        self,
+        loop: LearnLoop,
+        storage: Storage,
+        max_policy_lag: Optional[int],
+        logger: logging.Logger,
+        is_main: bool = True,
+        barrier: Optional[Callable[[], None]] = None,
+        on_trained: Optional[Callable[[], None]] = None,
+    ) -> None:
+        self.loop, self.storage, self.logger = loop, storage, logger
+        self.max_policy_lag = max_policy_lag
+        self.is_main, self.barrier, self.on_trained = is_main, barrier, on_trained
+        self.on_policy = bool(loop.contract.on_policy)
+        learn = loop.contract.learn
+        self.batch_size = int(learn.batch_size or 1)
+        self.learning_starts = int(learn.learning_starts)
+        self.ratio = float(learn.update_per_collect) / max(1, int(loop.contract.collect.n))
+        self.credit = 0.0
+        self.seq = 0
+        self.counters: Dict[str, int] = {"results": 0, "dropped_stale": 0, "missing": 0, "bad_data": 0}
+        self.episode_returns: Deque[float] = deque(maxlen=EPISODE_WINDOW)
+        self.episode_lens: Deque[int] = deque(maxlen=EPISODE_WINDOW)
+        self._rollout_layout: Optional[Layout] = None  # (on-policy) what was trained on
+
+    def needs_data(self) -> bool:
+        """Whether to poll: on-policy always; off-policy once no full gradient step is owed (or can be taken)."""
+        if self.on_policy:
+            return True
+        return self.credit < 1.0 or len(self.loop.buffer) < self.batch_size
+
+    def train_owed(self) -> int:
+        """(Off-policy) The gradient steps the credit owes, at most ``TRAIN_CHUNK``; returns those taken."""
+        if self.on_policy:
+            return 0
+        steps = self.loop.train_off_policy(min(int(self.credit), TRAIN_CHUNK)).steps
+        self.credit -= steps
+        return steps
+
+    def figures(self) -> Dict[str, float]:
+        """``data/<counter>``, and ``rollout/ep_rew_mean`` / ``rollout/ep_len_mean`` over the last episodes."""
+        figures = {f"data/{k}": float(v) for k, v in self.counters.items()}
+        if self.episode_returns:
+            figures["rollout/ep_rew_mean"] = float(np.mean(self.episode_returns))
+            figures["rollout/ep_len_mean"] = float(np.mean(self.episode_lens))
+        return figures
+
+    # ---- ingestion -----------------------------------------------------------------------------------------------
+    def ingest(self, items: List[Mapping[str, Any]]) -> int:
+        """Read each polled item (``{'seq', 'task_id', 'result'}``) into the loop; returns how many were used."""
+        count = 0
+        for item in items:
+            self.seq = max(self.seq, int(item["seq"]))
+            result, task_id = item["result"], item.get("task_id", "?")
+            samples = self._read(result, task_id)
+            if self.barrier is not None:
+                self.barrier()  # every rank has read the file before rank 0 deletes it
+            if self.is_main:
+                self.storage.delete(result["data"])
+            env_steps = int(result["env_steps"])
+            self.loop.env_step += env_steps
+            for episode in result.get("episodes", []):
+                self.episode_returns.append(float(episode["return"]))
+                self.episode_lens.append(int(episode["length"]))
+            if samples is None or not (self._trained if self.on_policy else self._stored)(samples, task_id):
+                continue
+            count += 1
+            self.counters["results"] += 1
+            if not self.on_policy and self.loop.env_step >= self.learning_starts:
+                self.credit += env_steps * self.ratio  # as serial mode trains after a collection that reaches it
+        return count
+
+    def _read(self, result: Mapping[str, Any], task_id: str) -> Optional[List[Dict[str, Any]]]:
+        lag = self.loop.train_iter - int(result.get("policy_iter", 0))
+        if self.max_policy_lag is not None and lag > int(self.max_policy_lag):
+            self.counters["dropped_stale"] += 1
+            self.logger.info(
+                "dropped the data of %s: its policy is %d gradient steps old (max %d)",
+                task_id,
+                lag,
+                self.max_policy_lag,
+            )
+            return None
+        try:
+            samples, _ = decode_samples(self.storage.get(result["data"]))
+        except ProtocolError as error:
+            self.counters["missing" if error.status == 404 else "bad_data"] += 1
+            self.logger.warning("skipped the data of %s: %s", task_id, error)
+            return None
+        return samples
+
+    def _stored(self, samples: List[Dict[str, Any]], task_id: str) -> bool:
+        """Add ``samples`` to the replay buffer; False (counted, logged) when their fields or shapes are not the
+        buffer's: a well-formed file of other samples (forged, or from another config) must not stop the learner."""
+        try:
+            self.loop.store(samples)  # stores all or nothing
+        except ValueError as error:
+            self._skipped(task_id, str(error))
+            return False
+        return True
+
+    def _trained(self, samples: List[Dict[str, Any]], task_id: str) -> bool:
+        """(On-policy) Train on a rollout (every rank on its shard); False (counted, logged) for one whose fields,
+        shapes or dtypes differ between its samples or from the rollouts trained on before, or, before any rollout
+        was, one the policy cannot train on (a single learner: the error of its first minibatch, before any optimizer
+        step). Every rank checks the whole rollout, so all ranks decide alike."""
+        layout = sample_layout(samples[0])
+        problem = self._layout_problem(samples, layout)
+        if problem is None:
+            try:
+                self.loop.train_rollout(samples)
+            except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+                if self._rollout_layout is not None or self.loop.world_size > 1:
+                    raise  # a layout that trained before, or ranks that must fail together: a real error
+                problem = f"the policy cannot train on it: {type(error).__name__}: {error}"
+            else:
+                self._rollout_layout = layout
+                if self.on_trained is not None:
+                    self.on_trained()
+                return True
+        self._skipped(task_id, problem)
+        return False
+
+    def _layout_problem(self, samples: List[Dict[str, Any]], layout: Layout) -> Optional[str]:
+        """What differs between the samples of a rollout, or from the rollouts trained on before (None: nothing)."""
+        odd = next((i for i, sample in enumerate(samples) if sample_layout(sample) != layout), None)
+        if odd is not None:
+            return f"sample {odd}'s fields, shapes or dtypes differ from sample 0's"
+        if self._rollout_layout is not None and layout != self._rollout_layout:
+            theirs, ours = dict(layout), dict(self._rollout_layout)
+            field = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))[0]
+            theirs_kind, ours_kind = theirs.get(field, "missing"), ours.get(field, "none")
+            return f"field {field!r} is {theirs_kind}, the rollouts trained on have {ours_kind}"
+        return None
+
+    def _skipped(self, task_id: str, problem: str) -> None:
+        self.counters["bad_data"] += 1
+        self.logger.warning("skipped the data of %s: %s", task_id, problem)
+
+
+__all__ = ["DataIntake", "sample_layout", "TRAIN_CHUNK", "EPISODE_WINDOW"]
