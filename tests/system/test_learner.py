@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 import torch
 
-from nervex.entry import DefaultCallbacks, SerialTrainer
+from nervex.entry import DefaultCallbacks, SerialTrainer, compile_parallel_config
 from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
@@ -107,7 +107,9 @@ def test_the_parallel_learner_ends_bitwise_equal_to_the_serial_trainer_on_the_sa
     from nervex.system.learner import LearnerRole
 
     recorder, serial_state, serial_initial = serial_run(policy, iterations, tmp_path / "runs")
-    raw = dict(run_cfg(policy), system={"coordinator": {"tick_s": 3600.0, "min_free_bytes": 0}})
+    raw = compile_parallel_config(
+        dict(run_cfg(policy), system={"coordinator": {"tick_s": 3600.0, "min_free_bytes": 0}})
+    )
     run_dir = tmp_path / "parallel"
     coordinator = Coordinator(raw, str(run_dir), token=TOKEN, logger=logging.getLogger("test_learner.coordinator"))
     coordinator.start()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from nervex.config import compile_config
+from nervex.entry import compile_config
 from nervex.entry.builder import (
     make_actor,
     make_buffer,
