@@ -48,8 +48,9 @@ from nervex.system.protocol import (
     learning_starts,
     storage_root,
 )
+from nervex.system.role import RoleExit as WorkerExit  # renamed in issue 28 (helper "system")
+from nervex.system.role import RoleLink as WorkerLink
 from nervex.system.samples import encode_samples
-from nervex.system.worker import WorkerExit, WorkerLink
 
 MAX_IDLE_WAIT_S = 0.5
 MAIN_PHASES = ("collect", "snapshot", "wait", "idle")

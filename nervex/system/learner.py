@@ -44,8 +44,8 @@ from nervex.system.protocol import (
     compile_parallel_config,
     storage_root,
 )
+from nervex.system.role import RoleLink as WorkerLink  # renamed in issue 28 (helper "system")
 from nervex.system.samples import decode_samples
-from nervex.system.worker import WorkerLink
 from nervex.torch_utils import collate
 from nervex.utils.log_helper import CsvWriter, ScalarWriter
 

@@ -29,8 +29,8 @@ from nervex.system.protocol import (
     compile_parallel_config,
     storage_root,
 )
+from nervex.system.role import RoleExit
 from nervex.system.samples import decode_samples, encode_samples
-from nervex.system.worker import WorkerExit
 
 from .test_bad_input import TOKEN, make_cfg, register_body
 
@@ -141,7 +141,7 @@ def test_a_dead_io_process_is_a_worker_exit_naming_it(coord):
     try:
         os.kill(io.pid, signal.SIGKILL)
         io._process.join(timeout=5)
-        with pytest.raises(WorkerExit, match=f"I/O process \\(pid {io.pid}\\) is gone"):
+        with pytest.raises(RoleExit, match=f"I/O process \\(pid {io.pid}\\) is gone"):
             io.call(TASK_LEASE_PATH, {"kind": "collect"})
     finally:
         io.close()
@@ -159,7 +159,7 @@ def test_a_call_to_an_unreachable_coordinator_gives_up_once_the_actor_stops(coor
     def call() -> None:
         try:
             io.call(TASK_LEASE_PATH, {"kind": "collect"}, stop_requested=stop.is_set)
-        except WorkerExit as error:
+        except RoleExit as error:
             outcome["error"] = error
 
     thread = threading.Thread(target=call)

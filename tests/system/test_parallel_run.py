@@ -281,15 +281,15 @@ def _wait(predicate, timeout: float, what: str) -> Any:
 
 WRITES_BUT_NEVER_REPORTS = """
 import sys, time
-from nervex.system import worker
-call = worker.WorkerLink.call_registered
+from nervex.system import role
+call = role.RoleLink.call_registered
 def complete_never(self, path, body):
     if path == "/v1/task/complete":
         with open(sys.argv[1], "w") as f:
             f.write(body["result"]["data"])
         time.sleep(3600)  # killed here: the samples are on disk, the coordinator never hears of them
     return call(self, path, body)
-worker.WorkerLink.call_registered = complete_never
+role.RoleLink.call_registered = complete_never
 from nervex.system.actor_start import main
 sys.exit(main(sys.argv[2:]))
 """
