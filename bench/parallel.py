@@ -132,7 +132,7 @@ def stop_roles(launch: Any, grace_s: float = 20.0) -> None:
 
 def status_client(run_dir: str) -> Any:
     from nervex.system.comm.auth import load_or_create_token
-    from nervex.system.comm.http import Client
+    from nervex.system.comm.client import Client
     from nervex.system.protocol import read_coordinator_url
 
     return Client(read_coordinator_url(run_dir), load_or_create_token(run_dir), deadline_s=30.0)

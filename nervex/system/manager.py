@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from nervex.system.comm.auth import load_or_create_token
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client, Server
+from nervex.system.comm.server import Server
 from nervex.system.protocol import ROUTES, compile_parallel_config
 from nervex.system.role import RoleLink
 

@@ -30,8 +30,8 @@ import uuid
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 from nervex.system.comm.auth import load_or_create_token
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client
 from nervex.system.protocol import (
     HEARTBEAT_PATH,
     KEYED_PATHS,

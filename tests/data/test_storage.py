@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from nervex.data.pool import ArrayPool
-from nervex.data.storage import PACK_ROW_BYTES, ColumnStorage
+from nervex.data.packing import PACK_ROW_BYTES
+from nervex.data.storage import ColumnStorage
 
 
 def make_sample(rng: np.random.Generator) -> dict:

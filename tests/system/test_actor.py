@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from nervex.config import read_config
+from nervex.system.comm.client import Client
 from nervex.system.comm.codec import encode_state_dict
-from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
 from nervex.system.protocol import LEARNER_PROGRESS_PATH, PROTOCOL_VERSION, REGISTER_PATH, storage_root

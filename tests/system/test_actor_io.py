@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from nervex.system.actor_io import ActorIO
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
 from nervex.system.protocol import (

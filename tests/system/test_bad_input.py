@@ -37,8 +37,8 @@ import torch
 
 from nervex.config import apply_overrides, read_config
 from nervex.system.comm.auth import TOKEN_ENV, TOKEN_FILE, load_or_create_token, sign_request
+from nervex.system.comm.client import Client
 from nervex.system.comm.codec import encode_arrays, encode_state_dict
-from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
 from nervex.system.coordinator.task_table import TaskTableError

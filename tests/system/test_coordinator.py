@@ -22,8 +22,8 @@ import requests
 
 from nervex.config import ConfigError, read_config, save_config, to_plain
 from nervex.system.comm.auth import load_or_create_token, sign_request
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator, CoordinatorError
 from nervex.system.coordinator import backpressure as backpressure_module

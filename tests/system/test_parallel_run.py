@@ -262,7 +262,7 @@ class Roles:
 
 def _status(run_dir: Path) -> Dict[str, Any]:
     from nervex.system.comm.auth import load_or_create_token
-    from nervex.system.comm.http import Client
+    from nervex.system.comm.client import Client
 
     url = read_coordinator_url(str(run_dir))
     with Client(url, load_or_create_token(str(run_dir)), deadline_s=10.0) as client:

@@ -18,8 +18,9 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client, Server
+from nervex.system.comm.server import Server
 from nervex.system.coordinator import Coordinator
 from nervex.system.protocol import TASK_COMPLETE_PATH, TASK_LEASE_PATH
 from nervex.system.role import RoleLink

@@ -1,6 +1,6 @@
 """The coordinator's routes: each checks its request body, calls one transition of ``CoordinatorState``, and answers.
 
-Every route is a signed ``POST`` of JSON (``nervex.system.comm.http.Server``). A route refuses a malformed body with
+Every route is a signed ``POST`` of JSON (``nervex.system.comm.server.Server``). A route refuses a malformed body with
 400 before anything changes (``check_known``, ``require``, ``optional`` of ``nervex.system.protocol``: unknown keys,
 types, bounds); what a transition refuses because of the state (an unknown worker, another worker's lease,
 back-pressure) it raises from ``CoordinatorState``. An SQLite "disk is full" becomes a retryable 507 (the transaction
