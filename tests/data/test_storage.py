@@ -6,8 +6,8 @@ import gc
 import numpy as np
 import torch
 
-from nervex.data.pool import ArrayPool
 from nervex.data.packing import PACK_ROW_BYTES
+from nervex.data.pool import ArrayPool
 from nervex.data.storage import ColumnStorage
 
 
