@@ -117,7 +117,7 @@ def stop_roles(launch: Any, grace_s: float = 20.0) -> None:
     """Stop the manager and its actors first, while the coordinator still answers, then the rest.
 
     ``Launch.stop_all`` signals every role at once; an actor whose ``/v1/task/complete`` then finds no coordinator
-    keeps retrying it (``WorkerLink.call``, up to 120 s) in spite of its SIGTERM, so the manager would be killed after
+    keeps retrying it (``RoleLink.call``, up to 120 s) in spite of its SIGTERM, so the manager would be killed after
     the 20 s grace period. Here the actors see their SIGTERM while the coordinator is up and exit in a second.
     """
     manager = launch.processes.get("manager")
@@ -132,7 +132,7 @@ def stop_roles(launch: Any, grace_s: float = 20.0) -> None:
 
 def status_client(run_dir: str) -> Any:
     from nervex.system.comm.auth import load_or_create_token
-    from nervex.system.comm.http import Client
+    from nervex.system.comm.client import Client
     from nervex.system.protocol import read_coordinator_url
 
     return Client(read_coordinator_url(run_dir), load_or_create_token(run_dir), deadline_s=30.0)
@@ -173,10 +173,10 @@ class Consumer(threading.Thread):
     def __init__(self, cfg: Any, run_dir: str) -> None:
         from nervex.system.comm.storage import Storage
         from nervex.system.protocol import storage_root
-        from nervex.system.worker import WorkerLink
+        from nervex.system.role import RoleLink
 
         super().__init__(name="bench-consumer", daemon=True)
-        self.link = WorkerLink(cfg, run_dir, "learner", "bench-consumer")
+        self.link = RoleLink(cfg, run_dir, "learner", "bench-consumer")
         self.storage = Storage(storage_root(cfg, run_dir), min_free_bytes=0)
         self.stop_event = threading.Event()
         self.seq = 0
@@ -348,7 +348,7 @@ def probe_main(role: str, argv: List[str]) -> int:
     """``bench/parallel.py --probe learner|actor <the role's command line>``: a role that records its timestamps."""
     from nervex.system.checkpoints import StopSignals
     from nervex.system.cli import build_parser, load_config
-    from nervex.system.worker import StopFlag, close_role_logger, default_worker_id, role_logger
+    from nervex.system.role import StopFlag, close_role_logger, default_worker_id, role_logger
 
     args = build_parser(role, f"timestamped {role}").parse_args(argv)
     cfg, run_dir = load_config(f"probe {role}", args)

@@ -204,7 +204,7 @@ def draw(
 ):  # pragma: no cover - compiled
     # the buffer's whole draw: stratified values (one in each of n equal slices of the total, uniform numbers from the
     # buffer's splitmix64 state rng), search, importance weights normalized by the minimum priority, unique ids, use
-    # counts, and the copy of the samples' packed columns into one field-major block (storage.PackedPlan: src,
+    # counts, and the copy of the samples' packed columns into one field-major block (packing.PackedPlan: src,
     # record, table; block: n * record bytes, rounded to words)
     top = offsets[depth]
     total = 0.0

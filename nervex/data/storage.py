@@ -9,8 +9,8 @@ Type rules (shared with ``TrajectoryWriter`` and ``collate``): Python ``float`` 
 ``uint8``). Torch tensors are accepted and stored as their NumPy equivalent.
 
 Small uncompressed columns (rows of at most ``PACK_ROW_BYTES`` bytes, e.g. a 4-float observation, the action, the
-reward and the flags) share one row-major block: each column's ``data`` is a strided view into it, so the fields of one
-sample sit in one or two cache lines. Sampling draws random rows, and on a large buffer each field of a row would
+reward and the flags) share one row-major block (``packing.pack_records``): each column's ``data`` is a strided view
+into it, so the fields of one sample sit in one or two cache lines. Sampling draws random rows, and on a large buffer each field of a row would
 otherwise be its own cache miss (six misses per transition instead of one for a CartPole transition).
 """
 
@@ -22,12 +22,11 @@ import numpy as np
 import torch
 
 from .compression import compress_array, decompress_array
+from .packing import PackedPlan, pack_records
 from .pool import ArrayPool
 
 Path = Tuple[str, ...]
 RESERVED_FIELDS = ("weight", "index", "unique_id")
-PACK_ROW_BYTES = 64  # columns with rows up to this size share the row-major block (one cache line per field at most)
-PACK_MAX_RECORD = 256  # past this, a record spans so many lines that packing more columns gains nothing
 _SCALAR_TYPES = (float, int, bool)
 
 
@@ -85,66 +84,6 @@ def get_path(sample: Mapping[str, Any], path: Path) -> Any:
     return sample
 
 
-def _pack_records(
-    specs: Sequence[Tuple[np.dtype, Tuple[int, ...]]], compressed: Sequence[bool], maxlen: int
-) -> Tuple[List[Optional[np.ndarray]], Optional[np.ndarray], Optional[np.ndarray]]:
-    """One row-major block for the small uncompressed columns: a strided view per packed column, and the block.
-
-    Fields are laid out largest alignment first, so every field sits at an offset that is a multiple of its item
-    size, and the record is padded to the largest item size (to a power of two up to ``PACK_ROW_BYTES``): each view is
-    aligned and converts to a torch tensor.
-
-    Returns:
-        A view per column (None for a column stored on its own), the block as a 1-D structured array whose field
-        ``f{i}`` is column ``i``, and its bytes rounded up to whole 8-byte words (both None when fewer than two
-        columns are packed).
-
-    Shapes:
-        a packed column of row shape ``s``: ``(maxlen, *s)``; the block: ``(maxlen,)``.
-    """
-    views: List[Optional[np.ndarray]] = [None] * len(specs)
-    small = [
-        i
-        for i, (dtype, shape) in enumerate(specs)
-        if not compressed[i] and 0 < int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= PACK_ROW_BYTES
-    ]
-    small.sort(key=lambda i: -specs[i][0].alignment)  # stable: equal alignments keep the schema order
-    offsets, record = {}, 0
-    for i in small:
-        dtype, shape = specs[i]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if record + nbytes > PACK_MAX_RECORD:
-            break
-        offsets[i], record = record, record + nbytes
-    if len(offsets) < 2:
-        return views, None, None  # a single column is already row-major on its own
-    align = max(specs[i][0].alignment for i in offsets)
-    if record <= PACK_ROW_BYTES:
-        # a power of two divides the cache line, so no record straddles two lines (the block is line-aligned)
-        record = max(align, 1 << (record - 1).bit_length())
-    else:
-        record = -(-record // align) * align
-    # np.zeros maps untouched pages lazily, as for a column of its own; the slack aligns the block to a cache line
-    raw = np.zeros(maxlen * record + PACK_ROW_BYTES + 8, dtype=np.uint8)
-    start = -raw.ctypes.data % PACK_ROW_BYTES
-    block = raw[start : start + maxlen * record]
-    words = raw[start : start + -(-maxlen * record // 8) * 8]  # the block rounded up to whole words (PackedPlan)
-    order = sorted(offsets)
-    records = block.view(
-        np.dtype(
-            {
-                "names": [f"f{i}" for i in order],
-                "formats": [(specs[i][0], specs[i][1]) if specs[i][1] else specs[i][0] for i in order],
-                "offsets": [offsets[i] for i in order],
-                "itemsize": record,
-            }
-        )
-    )
-    for i in order:
-        views[i] = records[f"f{i}"]
-    return views, records, words
-
-
 class Column:
     """One leaf field: its path, dtype, per-sample shape and the preallocated rows."""
 
@@ -169,7 +108,7 @@ class Column:
             self.data = np.empty(maxlen, dtype=object)
             self.sizes = np.zeros(maxlen, dtype=np.int64)
         elif data is not None:
-            self.data = data  # a view into the packed block of small columns (see _pack_views)
+            self.data = data  # a view into the packed block of small columns (see packing.pack_records)
         else:
             # np.zeros maps untouched pages lazily, so a large, mostly empty buffer costs little memory
             self.data = np.zeros((maxlen, *self.shape), dtype=self.dtype)
@@ -187,37 +126,6 @@ class Column:
             f"field '{self.name}'{where} has shape {tuple(shape)}, but the first sample stored had shape {self.shape}; "
             "every sample must have the same fields and shapes"
         )
-
-
-class PackedPlan:
-    """The packed small columns, as ``PriorityTree.draw`` copies them: for a batch of ``n`` samples, field ``f`` (at
-    byte ``o`` of a record) goes to bytes ``[n * o, n * o + n * size)`` of one block of ``n * record`` bytes, i.e. each
-    field is contiguous there and becomes an array (then a tensor) without another copy.
-
-    Attributes:
-        source: The packed block as ``uint8``, its length a multiple of 8 (so the kernel can view it as words).
-        record: Bytes per record.
-        table: ``int64 (F, 4)``, one row per packed field: copy width in bytes (8, 4, 2 or 1; it divides the field's
-            offset, size and the record), offset and size in units of that width, offset in bytes.
-        offsets: Per column, its byte offset in a record (-1: not packed).
-    """
-
-    def __init__(
-        self, records: np.ndarray, source: np.ndarray, columns: Sequence[Column], fields: Sequence[Optional[str]]
-    ) -> None:
-        self.record = records.dtype.itemsize
-        self.source = source
-        self.offsets = [-1 if f is None else records.dtype.fields[f][1] for f in fields]
-        rows = []
-        for col, offset in zip(columns, self.offsets):
-            if offset >= 0:
-                width = next(w for w in (8, 4, 2, 1) if not (offset % w or col.row_nbytes % w or self.record % w))
-                rows.append((width, offset // width, col.row_nbytes // width, offset))
-        self.table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
-
-    def block(self, n: int) -> np.ndarray:
-        """A new block for ``n`` samples (``uint8``, its length a multiple of 8)."""
-        return np.empty(-(-n * self.record // 8) * 8, dtype=np.uint8)
 
 
 class ColumnStorage:
@@ -294,7 +202,7 @@ class ColumnStorage:
                     f"compress_fields names '{field}', which is not a field of the samples "
                     f"(fields: {', '.join(sorted(names))})"
                 )
-        views, self._records, packed_bytes = _pack_records(
+        views, self._records, packed_bytes = pack_records(
             [(np.dtype(d), tuple(int(x) for x in s)) for p, d, s in specs],
             [self._is_compressed(p) for p, _, _ in specs],
             self.maxlen,
@@ -315,7 +223,9 @@ class ColumnStorage:
         self._plan = None
         self._direct: Optional[List[Tuple[str, Tuple[int, ...], np.dtype, int]]] = None
         if self._records is not None:
-            self._plan = PackedPlan(self._records, packed_bytes, self.columns, self._packed_fields)
+            self._plan = PackedPlan(
+                self._records, packed_bytes, [c.row_nbytes for c in self.columns], self._packed_fields
+            )
             if self._flat and all(offset >= 0 for offset in self._plan.offsets):
                 self._direct = [(c.key, c.shape, c.dtype, o) for c, o in zip(self.columns, self._plan.offsets)]
 

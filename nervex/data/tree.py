@@ -69,7 +69,7 @@ def default_backend() -> str:
 
 
 class _NoCopy:
-    """The copy plan of a draw that copies no columns (see ``storage.PackedPlan``)."""
+    """The copy plan of a draw that copies no columns (see ``packing.PackedPlan``)."""
 
     source = np.zeros(8, dtype=np.uint8)
     record = 8
@@ -266,7 +266,7 @@ class PriorityTree:
             beta: Importance-sampling exponent: weights ``(leaf / min leaf) ** -beta`` (0: all 1).
             slot_uid: The unique id each slot holds (returned for the drawn slots).
             slot_use: Use counts of the slots; each draw adds 1 to its slot's count.
-            plan: ``storage.PackedPlan`` of the columns to copy for the drawn slots, or None.
+            plan: ``packing.PackedPlan`` of the columns to copy for the drawn slots, or None.
 
         Returns:
             Slots (``int64``), weights (``float32``), unique ids (``int64``), and the drawn slots' packed columns as

@@ -9,11 +9,11 @@ history) replaces ``choose_opponent`` and adds players; the tables already hold 
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from typing import List, Optional
+
+from nervex.utils.sqlite import Database
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS players (player_id TEXT PRIMARY KEY, kind TEXT NOT NULL, created_at REAL NOT NULL);
@@ -37,7 +37,8 @@ class Snapshot:
 
 
 class League:
-    """Players and snapshots in ``<run_dir>/league.sqlite`` (WAL, ``synchronous=FULL``).
+    """Players and snapshots in ``<run_dir>/league.sqlite`` (a ``nervex.utils.sqlite.Database``: WAL,
+    ``synchronous=FULL``).
 
     Args:
         path: The SQLite file.
@@ -49,44 +50,38 @@ class League:
     def __init__(self, path: str, keep_history: int = 32, history_every: int = 1000) -> None:
         self.keep_history = int(keep_history)
         self.history_every = int(history_every)
-        self._lock = threading.Lock()
-        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.executescript(_SCHEMA)
+        self._db = Database(path, name="league")
+        self._db.script(_SCHEMA)
         self.add_player(MAIN_PLAYER, "main")
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        """Close the database; safe to call twice."""
+        self._db.close()
 
     def add_player(self, player_id: str, kind: str) -> None:
         """Add a player (idempotent)."""
-        with self._lock:
-            self._conn.execute("INSERT OR IGNORE INTO players VALUES (?, ?, ?)", (player_id, kind, time.time()))
+        self._db.execute("INSERT OR IGNORE INTO players VALUES (?, ?, ?)", (player_id, kind, time.time()))
 
     def players(self) -> List[str]:
-        with self._lock:
-            return [row[0] for row in self._conn.execute("SELECT player_id FROM players ORDER BY created_at")]
+        """Every player's id, oldest first."""
+        return [row[0] for row in self._db.query("SELECT player_id FROM players ORDER BY created_at")]
 
     def current(self, player_id: str = MAIN_PLAYER) -> Optional[Snapshot]:
         """The player's newest snapshot, or None before the first."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT name, player_id, policy_iter, history FROM snapshots WHERE player_id=? "
-                "ORDER BY policy_iter DESC, created_at DESC LIMIT 1",
-                (player_id,),
-            ).fetchone()
-        return None if row is None else Snapshot(row[0], row[1], int(row[2]), bool(row[3]))
+        rows = self._db.query(
+            "SELECT name, player_id, policy_iter, history FROM snapshots WHERE player_id=? "
+            "ORDER BY policy_iter DESC, created_at DESC LIMIT 1",
+            (player_id,),
+        )
+        return None if not rows else Snapshot(rows[0][0], rows[0][1], int(rows[0][2]), bool(rows[0][3]))
 
     def history(self, player_id: str = MAIN_PLAYER) -> List[Snapshot]:
         """The player's history snapshots, oldest first."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT name, player_id, policy_iter, history FROM snapshots WHERE player_id=? AND history=1 "
-                "ORDER BY policy_iter",
-                (player_id,),
-            ).fetchall()
+        rows = self._db.query(
+            "SELECT name, player_id, policy_iter, history FROM snapshots WHERE player_id=? AND history=1 "
+            "ORDER BY policy_iter",
+            (player_id,),
+        )
         return [Snapshot(r[0], r[1], int(r[2]), True) for r in rows]
 
     def wants_history(self, policy_iter: int, player_id: str = MAIN_PLAYER) -> bool:
@@ -97,28 +92,20 @@ class League:
     def add_snapshot(self, name: str, policy_iter: int, player_id: str = MAIN_PLAYER, history: bool = False) -> None:
         """Record a snapshot (the player's current one; ``history``: kept as a future opponent). Non-history
         snapshots other than the newest are forgotten (the learner deletes their files)."""
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.execute(
-                    "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?)",
-                    (name, player_id, int(policy_iter), time.time(), int(history)),
-                )
-                self._conn.execute(
-                    "DELETE FROM snapshots WHERE player_id=? AND history=0 AND name<>?", (player_id, name)
-                )
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+        with self._db.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?)",
+                (name, player_id, int(policy_iter), time.time(), int(history)),
+            )
+            conn.execute("DELETE FROM snapshots WHERE player_id=? AND history=0 AND name<>?", (player_id, name))
 
     def forget_old_history(self, player_id: str = MAIN_PLAYER) -> List[str]:
         """Drop history snapshots beyond ``keep_history``; returns their names (delete the files)."""
         past = self.history(player_id)
         old = past[: max(0, len(past) - self.keep_history)]
-        with self._lock:
+        with self._db.transaction() as conn:
             for snap in old:
-                self._conn.execute("DELETE FROM snapshots WHERE player_id=? AND name=?", (player_id, snap.name))
+                conn.execute("DELETE FROM snapshots WHERE player_id=? AND name=?", (player_id, snap.name))
         return [snap.name for snap in old]
 
     def choose_opponent(self, player_id: str = MAIN_PLAYER) -> Optional[Snapshot]:

@@ -121,36 +121,18 @@ class ValueAC(nn.Module):
         lstm_layers: int = 1,
     ) -> None:
         super().__init__()
-        if action_space not in ACTION_SPACES:
-            raise ValueError(f"ValueAC action_space must be one of {', '.join(ACTION_SPACES)}, got {action_space!r}")
+        _check_value_ac_args(action_space, share_encoder, value_hidden_sizes, log_std_init)
         recurrent = lstm_hidden_size is not None
-        if share_encoder and value_hidden_sizes is not None:
-            raise ValueError(
-                "ValueAC value_hidden_sizes applies only with share_encoder=False; "
-                "with a shared trunk both heads read hidden_sizes"
-            )
-        if action_space == "discrete" and log_std_init != 0.0:
-            raise ValueError("ValueAC log_std_init applies only to action_space='continuous'")
         self.obs_shape = _as_shape(obs_dim, "ValueAC obs_dim")
         self.action_dim = _check_action_dim(action_dim, "ValueAC")
         self.action_space = action_space
         self.share_encoder = bool(share_encoder)
         self.lstm_hidden_size = _positive_int(lstm_hidden_size, "lstm_hidden_size") if recurrent else None
         self.lstm_layers = _positive_int(lstm_layers, "lstm_layers") if recurrent else int(lstm_layers)
-        in_dim = math.prod(self.obs_shape)
         self.encoder: nn.Module = nn.Identity()
         self.policy_net: nn.Module = nn.Identity()
         self.value_net: nn.Module = nn.Identity()
-        if self.share_encoder:
-            shared = MLP(in_dim, hidden_sizes, activation=activation)
-            self.encoder = shared
-            policy_dim = value_dim = shared.out_dim
-        else:
-            value_sizes = hidden_sizes if value_hidden_sizes is None else value_hidden_sizes
-            policy_trunk = MLP(in_dim, hidden_sizes, activation=activation)
-            value_trunk = MLP(in_dim, value_sizes, activation=activation)
-            self.policy_net, self.value_net = policy_trunk, value_trunk
-            policy_dim, value_dim = policy_trunk.out_dim, value_trunk.out_dim
+        policy_dim, value_dim = self._build_trunks(hidden_sizes, value_hidden_sizes, activation)
         self.core: Optional[nn.LSTM] = None
         self.value_core: Optional[nn.LSTM] = None
         if recurrent:
@@ -161,15 +143,29 @@ class ValueAC(nn.Module):
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
         # separate trunks run with their head as one fused MLP (one autograd node each; see fused_mlp)
         self._policy_plan = self._value_plan = None
-        fusable = not self.share_encoder and not recurrent
-        if fusable and policy_trunk._fused is not None and value_trunk._fused is not None:
-            self._policy_plan = policy_trunk._fused + [(self.action_head, None)]
-            self._value_plan = value_trunk._fused + [(self.value_head, None)]
+        if not self.share_encoder and not recurrent:
+            policy_fused, value_fused = self.policy_net._fused, self.value_net._fused
+            if policy_fused is not None and value_fused is not None:
+                self._policy_plan = policy_fused + [(self.action_head, None)]
+                self._value_plan = value_fused + [(self.value_head, None)]
         if ortho_init:
             for trunk in (self.encoder, self.policy_net, self.value_net):
                 init_orthogonal_(trunk, TRUNK_GAIN)
             init_orthogonal_(self.action_head, ACTION_HEAD_GAIN)
             init_orthogonal_(self.value_head, VALUE_HEAD_GAIN)
+
+    def _build_trunks(
+        self, hidden_sizes: Sequence[int], value_hidden_sizes: Optional[Sequence[int]], activation: str
+    ) -> Tuple[int, int]:
+        """The shared ``encoder``, or the separate ``policy_net`` and ``value_net``; returns their output widths."""
+        in_dim = math.prod(self.obs_shape)
+        if self.share_encoder:
+            self.encoder = MLP(in_dim, hidden_sizes, activation=activation)
+            return self.encoder.out_dim, self.encoder.out_dim
+        value_sizes = hidden_sizes if value_hidden_sizes is None else value_hidden_sizes
+        self.policy_net = MLP(in_dim, hidden_sizes, activation=activation)
+        self.value_net = MLP(in_dim, value_sizes, activation=activation)
+        return self.policy_net.out_dim, self.value_net.out_dim
 
     def _build_cores(self, policy_dim: int, value_dim: int) -> int:
         """The LSTM core after the policy (or shared) trunk and, with separate trunks, one after the value trunk;
@@ -224,8 +220,11 @@ class ValueAC(nn.Module):
         _check_trailing_shape(x, self.obs_shape, "ValueAC")
         if not x.is_floating_point():
             x = x.float()
-        features = self.encoder(x.flatten(start_dim=x.dim() - len(self.obs_shape)))
-        output: Dict[str, torch.Tensor] = {}
+        return self._heads(self.encoder(x.flatten(start_dim=x.dim() - len(self.obs_shape))), mode)
+
+    def _heads(self, features: torch.Tensor, mode: str) -> Dict[str, Any]:
+        """The trunks (when separate) and heads of a feed-forward model on the encoder's ``features``."""
+        output: Dict[str, Any] = {}
         if mode == "compute_action_value" and self._policy_plan is not None:
             # both trunks in one fused node: they read the same features
             action_out, value = mlps_forward(features, [self._policy_plan, self._value_plan])
@@ -325,6 +324,21 @@ class ValueAC(nn.Module):
         else:
             output["mu"] = action_out
             output["sigma"] = self.log_std.exp().expand_as(action_out)
+
+
+def _check_value_ac_args(
+    action_space: str, share_encoder: bool, value_hidden_sizes: Optional[Sequence[int]], log_std_init: float
+) -> None:
+    """Raise ``ValueError`` for arguments ``ValueAC`` would otherwise ignore or misread."""
+    if action_space not in ACTION_SPACES:
+        raise ValueError(f"ValueAC action_space must be one of {', '.join(ACTION_SPACES)}, got {action_space!r}")
+    if share_encoder and value_hidden_sizes is not None:
+        raise ValueError(
+            "ValueAC value_hidden_sizes applies only with share_encoder=False; "
+            "with a shared trunk both heads read hidden_sizes"
+        )
+    if action_space == "discrete" and log_std_init != 0.0:
+        raise ValueError("ValueAC log_std_init applies only to action_space='continuous'")
 
 
 def _positive_int(value: Any, name: str) -> int:

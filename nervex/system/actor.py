@@ -51,8 +51,8 @@ from nervex.system.protocol import (
     learning_starts,
     storage_root,
 )
+from nervex.system.role import RoleExit, RoleLink
 from nervex.system.samples import encode_samples
-from nervex.system.worker import WorkerExit, WorkerLink
 from nervex.worker.actor.slots import EpisodeResult
 
 MAX_IDLE_WAIT_S = 0.5
@@ -126,7 +126,7 @@ class ActorRole:
             storage_root(self.cfg, run_dir), min_free_bytes=self.cfg.system.coordinator.min_free_bytes
         )
         token = token if token is not None else load_or_create_token(run_dir)
-        self.link = WorkerLink(
+        self.link = RoleLink(
             self.cfg, run_dir, "actor", worker_id, url=url, token=token, logger=self.logger, info={"index": index}
         )
         self.io: Optional[ActorIO] = None
@@ -258,7 +258,7 @@ class ActorRole:
         """Collect ``task``'s samples; on an error, report the task failed and rebuild the env manager (None)."""
         try:
             return self._gather(task["payload"], task["task_id"])
-        except WorkerExit:
+        except RoleExit:
             raise
         except Exception as error:  # the env manager could not recover, a snapshot would not load ...
             self.logger.exception("task %s failed", task["task_id"])
@@ -385,7 +385,7 @@ class ActorRole:
         for lease_id, task_id in list(self._held.items()):
             try:
                 self._report_failure(task_id, lease_id, "the actor stopped before starting the task")
-            except WorkerExit:  # the coordinator is gone: the lease expires there instead
+            except RoleExit:  # the coordinator is gone: the lease expires there instead
                 break
 
     def _load_snapshot(self, name: Optional[str], policy_iter: int) -> None:
@@ -421,7 +421,7 @@ class ActorRole:
         start = time.perf_counter()
         try:
             self._load_snapshot(name, int(answer.get("policy_iter", 0)))
-        except WorkerExit:
+        except RoleExit:
             raise
         except Exception as error:  # a forged or truncated file, a layout for another policy ...
             self._refused_snapshot = name

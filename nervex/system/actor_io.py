@@ -8,7 +8,7 @@ serial rate. Forked off, that work runs on another core and the actor's process 
 The protocol between the two ends is private (a ``socketpair`` from ``multiprocessing.Pipe``), and carries no pickle:
 each request is two byte messages, a JSON header ``{"path", "body"}`` and the samples file's bytes (empty for a
 lease); each reply one JSON message ``{"answer"}`` or ``{"error"}``, with ``stopping`` (the coordinator said stop) and
-the seconds spent storing and calling. A ``ProtocolError`` or ``WorkerExit`` raised in the I/O process is raised
+the seconds spent storing and calling. A ``ProtocolError`` or ``RoleExit`` raised in the I/O process is raised
 again, with the same status, field and code, in the actor.
 
 Lifetime: the process is forked while the actor has no other threads and no env processes (so it holds none of
@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
-from nervex.system.worker import WorkerExit, WorkerLink
+from nervex.system.role import RoleExit, RoleLink
 
 POLL_S = 0.2
 """How often the actor's end checks, while it waits for a reply, whether to stop and whether the process is alive."""
@@ -103,7 +103,7 @@ class ActorIO:
 
         Raises:
             ProtocolError: the coordinator's refusal, or the storage's (507 full, as ``Storage.put``).
-            WorkerExit: the coordinator stayed unreachable, or the I/O process is gone.
+            RoleExit: the coordinator stayed unreachable, or the I/O process is gone.
         """
         header = json.dumps({"path": path, "body": body}, separators=(",", ":"), allow_nan=False).encode("utf-8")
         with self._lock:
@@ -118,7 +118,7 @@ class ActorIO:
                 reply = json.loads(self._conn.recv_bytes())
             except (EOFError, OSError):
                 self._process.join(timeout=1.0)
-                raise WorkerExit(
+                raise RoleExit(
                     f"the actor's I/O process (pid {self.pid}) is gone (exit code {self._process.exitcode})"
                 ) from None
         error = reply.get("error")
@@ -126,8 +126,8 @@ class ActorIO:
             return reply
         if error["type"] == "ProtocolError":
             raise ProtocolError(error["status"], error["message"], error.get("field"), error.get("retry_after"))
-        if error["type"] == "WorkerExit":
-            raise WorkerExit(error["message"], code=int(error["code"]))
+        if error["type"] == "RoleExit":
+            raise RoleExit(error["message"], code=int(error["code"]))
         raise RuntimeError(f"in the actor's I/O process: {error['message']}")
 
     def close(self) -> None:
@@ -161,7 +161,7 @@ def _serve(conn: Any, parent_end: Any, stop: Any, closing: Any, link_args: Dict[
     parent_end.close()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
-    link = WorkerLink(**link_args)
+    link = RoleLink(**link_args)
     link.info["pid"] = parent_pid  # it registers (again) as the actor, not as itself
     link.stop_requested = stop.is_set
     try:
@@ -178,7 +178,7 @@ def _serve(conn: Any, parent_end: Any, stop: Any, closing: Any, link_args: Dict[
         link.close()
 
 
-def _answer(link: WorkerLink, storage: Storage, header: bytes, data: bytes) -> Dict[str, Any]:
+def _answer(link: RoleLink, storage: Storage, header: bytes, data: bytes) -> Dict[str, Any]:
     reply: Dict[str, Any] = {"store_s": 0.0, "call_s": 0.0}
     try:
         request = json.loads(header)
@@ -197,8 +197,8 @@ def _answer(link: WorkerLink, storage: Storage, header: bytes, data: bytes) -> D
             "field": error.field,
             "retry_after": error.retry_after,
         }
-    except WorkerExit as error:
-        reply["error"] = {"type": "WorkerExit", "message": str(error), "code": error.code}
+    except RoleExit as error:
+        reply["error"] = {"type": "RoleExit", "message": str(error), "code": error.code}
     except Exception as error:  # reported to the actor, which fails its task; this process goes on
         link.logger.exception("the actor's I/O process: %s", error)
         reply["error"] = {"type": type(error).__name__, "message": f"{type(error).__name__}: {error}"}

@@ -21,7 +21,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     cfg, run_dir = loaded
     from nervex.system.actor import ActorRole
-    from nervex.system.worker import default_worker_id
+    from nervex.system.role import default_worker_id
 
     def run(logger, stop):
         worker_id = args.worker_id or default_worker_id("actor", args.index)

@@ -78,15 +78,15 @@ def run_role(run_dir: str, log_name: str, run: Callable[[Any, Any], None], stop:
         stop: Signal flags with ``restore()`` (``StopSignals`` for the learner); a ``StopFlag`` (SIGTERM, SIGINT) if None.
 
     Returns:
-        0 after a clean stop, the ``WorkerExit`` code (2: refused at registration), 1 on any other error (logged).
+        0 after a clean stop, the ``RoleExit`` code (2: refused at registration), 1 on any other error (logged).
     """
-    from nervex.system.worker import StopFlag, WorkerExit, close_role_logger, role_logger
+    from nervex.system.role import RoleExit, StopFlag, close_role_logger, role_logger
 
     logger = role_logger(run_dir, log_name)
     stop = stop if stop is not None else StopFlag()
     try:
         run(logger, stop)
-    except WorkerExit as error:
+    except RoleExit as error:
         logger.error("%s", error)
         return error.code
     except Exception:

@@ -79,9 +79,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if loaded is None:
         return 2
     cfg, run_dir = loaded
-    from nervex.system.coordinator import Coordinator, CoordinatorError
-    from nervex.system.task_table import TaskTableError
-    from nervex.system.worker import StopFlag, close_role_logger, role_logger
+    from nervex.system.coordinator import Coordinator, CoordinatorError, TaskTableError
+    from nervex.system.role import StopFlag, close_role_logger, role_logger
 
     logger = role_logger(run_dir, "coordinator")
     stop = StopFlag()

@@ -18,7 +18,7 @@ from nervex.league import League
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
 from nervex.system.protocol import LEAGUE_UPDATE_PATH, storage_root
-from nervex.system.worker import WorkerLink
+from nervex.system.role import RoleLink
 
 LEAGUE_FILE = "league.sqlite"
 
@@ -52,7 +52,7 @@ class LeagueManagerRole:
             os.path.join(run_dir, LEAGUE_FILE), self.settings.keep_history, self.settings.history_every
         )
         self.storage = Storage(storage_root(self.cfg, run_dir), min_free_bytes=0)
-        self.link = WorkerLink(self.cfg, run_dir, "league_manager", worker_id, url=url, token=token, logger=self.logger)
+        self.link = RoleLink(self.cfg, run_dir, "league_manager", worker_id, url=url, token=token, logger=self.logger)
         self.updates = 0
 
     def run(self, stop: Optional[Any] = None) -> None:

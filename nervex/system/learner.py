@@ -42,7 +42,7 @@ from nervex.system.protocol import (
     RUN_FINISH_PATH,
     storage_root,
 )
-from nervex.system.worker import WorkerLink
+from nervex.system.role import RoleLink
 from nervex.utils.log_helper import ScalarWriter
 from nervex.worker.learner.loop import LearnLoop
 
@@ -92,7 +92,7 @@ class LearnerRole:
             torch.set_num_threads(int(self.cfg.num_threads))
         self.storage = Storage(storage_root(self.cfg, run_dir), min_free_bytes=0)
         self.link = (
-            WorkerLink(self.cfg, run_dir, "learner", worker_id, url=url, token=token, logger=self.logger)
+            RoleLink(self.cfg, run_dir, "learner", worker_id, url=url, token=token, logger=self.logger)
             if self.is_main
             else None
         )

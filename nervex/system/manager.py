@@ -1,4 +1,4 @@
-"""The manager role: one per node; relays its workers' requests to the coordinator and restarts workers that die.
+"""The manager role: one per node; relays its actors' requests to the coordinator and restarts actors that die.
 
 * **Relay**: a signed HTTP server on the node's loopback (port 0, ``<run_dir>/logs`` names it) that forwards every
   protocol route to the coordinator, body unchanged and signed anew, and returns the coordinator's answer or refusal
@@ -6,7 +6,7 @@
   per node instead of one per actor, and the coordinator's address is looked up in one place when it moves.
 * **Supervision**: it starts ``system.manager.actors`` actor processes (``python -m nervex.system.actor_start``) and
   starts a dead one again (any exit before the run finished) after a backoff that doubles when it dies quickly, up to
-  ``max_restarts`` per slot. A restarted actor is a new worker: the leases of the dead one run out and are re-queued.
+  ``max_restarts`` per slot. A restarted actor registers under a new id: the leases of the dead one run out and are re-queued.
 * It registers as a ``manager`` and heartbeats; when the coordinator says stop, or on SIGTERM/SIGINT, it stops its
   children (SIGTERM, then SIGKILL after a grace period) and exits.
 """
@@ -24,13 +24,14 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from nervex.entry.builder import compile_parallel_config
 from nervex.system.comm.auth import load_or_create_token
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client, Server
+from nervex.system.comm.server import Server
 from nervex.system.protocol import ROUTES
-from nervex.system.worker import WorkerLink
+from nervex.system.role import RoleLink
 
 RELAY_DEADLINE_S = 5.0
-"""A relayed call's deadline upstream; past it the worker gets 503 and retries on its own schedule."""
+"""A relayed call's deadline upstream; past it the actor gets 503 and retries on its own schedule."""
 GRACE_S = 10.0
 QUICK_DEATH_S = 30.0
 RESTART_WINDOW_S = 600.0
@@ -86,7 +87,7 @@ class ManagerRole:
         self.n_actors = int(self.settings.actors if actors is None else actors)
         self.child_args = list(child_args)
         self._token = token if token is not None else load_or_create_token(run_dir)
-        self.link = WorkerLink(self.cfg, run_dir, "manager", worker_id, url=url, token=self._token, logger=self.logger)
+        self.link = RoleLink(self.cfg, run_dir, "manager", worker_id, url=url, token=self._token, logger=self.logger)
         self._local = threading.local()
         self.server = Server("manager", self._token, host=host, port=0, logger=self.logger)
         for path in ROUTES:

@@ -26,7 +26,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     cfg, run_dir = loaded
     from nervex.system.manager import ManagerRole, manager_index_from_env
-    from nervex.system.worker import default_worker_id
+    from nervex.system.role import default_worker_id
 
     try:
         index = args.index if args.index is not None else manager_index_from_env()

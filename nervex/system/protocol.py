@@ -63,7 +63,7 @@ ROUTES = (
 )
 
 KEYED_PATHS = (TASK_LEASE_PATH, TASK_COMPLETE_PATH)
-"""Routes that lease (a complete with ``lease_next`` leases too), so not idempotent by their body alone: ``WorkerLink``
+"""Routes that lease (a complete with ``lease_next`` leases too), so not idempotent by their body alone: ``RoleLink``
 adds a ``request_id``, the same through every retry of one call, and a lease whose answer was lost is handed out again
 instead of a second task being leased."""
 

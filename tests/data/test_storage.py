@@ -6,8 +6,9 @@ import gc
 import numpy as np
 import torch
 
+from nervex.data.packing import PACK_ROW_BYTES
 from nervex.data.pool import ArrayPool
-from nervex.data.storage import PACK_ROW_BYTES, ColumnStorage
+from nervex.data.storage import ColumnStorage
 
 
 def make_sample(rng: np.random.Generator) -> dict:

@@ -19,8 +19,8 @@ import torch
 
 from nervex.config import read_config
 from nervex.entry import compile_parallel_config
+from nervex.system.comm.client import Client
 from nervex.system.comm.codec import encode_state_dict
-from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
 from nervex.system.protocol import LEARNER_PROGRESS_PATH, PROTOCOL_VERSION, REGISTER_PATH, storage_root
@@ -135,15 +135,15 @@ def test_an_idle_actor_logs_a_snapshot_it_cannot_load_once_and_keeps_its_weights
 def test_a_role_of_the_previous_protocol_is_refused_at_registration(tmp_path, monkeypatch):
     """A protocol-2 actor (no outcomes, ignores opponents) cannot join: its registration is refused with both
     versions named, and the worker exits with status 2 instead of retrying."""
-    import nervex.system.worker as worker
-    from nervex.system.worker import WorkerExit, WorkerLink
+    import nervex.system.role as role
+    from nervex.system.role import RoleExit, RoleLink
 
     coordinator = Coordinator(make_cfg(), str(tmp_path / "run"), token=TOKEN, logger=logging.getLogger("test_actor.v2"))
     coordinator.start()
-    monkeypatch.setattr(worker, "PROTOCOL_VERSION", PROTOCOL_VERSION - 1)
-    link = WorkerLink(coordinator.cfg, coordinator.run_dir, "actor", "old-actor", url=coordinator.url, token=TOKEN)
+    monkeypatch.setattr(role, "PROTOCOL_VERSION", PROTOCOL_VERSION - 1)
+    link = RoleLink(coordinator.cfg, coordinator.run_dir, "actor", "old-actor", url=coordinator.url, token=TOKEN)
     try:
-        with pytest.raises(WorkerExit) as refused:
+        with pytest.raises(RoleExit) as refused:
             link.register()
         assert refused.value.code == 2
         message = str(refused.value)

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 
 from nervex.system.actor_io import ActorIO
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
 from nervex.system.protocol import TASK_COMPLETE_PATH, TASK_LEASE_PATH, storage_root
+from nervex.system.role import RoleExit
 from nervex.system.samples import decode_samples, encode_samples
-from nervex.system.worker import WorkerExit
 
 from .test_bad_input import TOKEN, make_cfg, register_body
 
@@ -136,7 +136,7 @@ def test_a_dead_io_process_is_a_worker_exit_naming_it(coord):
     try:
         os.kill(io.pid, signal.SIGKILL)
         io._process.join(timeout=5)
-        with pytest.raises(WorkerExit, match=f"I/O process \\(pid {io.pid}\\) is gone"):
+        with pytest.raises(RoleExit, match=f"I/O process \\(pid {io.pid}\\) is gone"):
             io.call(TASK_LEASE_PATH, {"kind": "collect"})
     finally:
         io.close()
@@ -154,7 +154,7 @@ def test_a_call_to_an_unreachable_coordinator_gives_up_once_the_actor_stops(coor
     def call() -> None:
         try:
             io.call(TASK_LEASE_PATH, {"kind": "collect"}, stop_requested=stop.is_set)
-        except WorkerExit as error:
+        except RoleExit as error:
             outcome["error"] = error
 
     thread = threading.Thread(target=call)

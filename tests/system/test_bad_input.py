@@ -38,10 +38,11 @@ import torch
 from nervex.config import apply_overrides, read_config
 from nervex.entry import compile_parallel_config
 from nervex.system.comm.auth import TOKEN_ENV, TOKEN_FILE, load_or_create_token, sign_request
+from nervex.system.comm.client import Client
 from nervex.system.comm.codec import encode_arrays, encode_state_dict
-from nervex.system.comm.http import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
+from nervex.system.coordinator.task_table import TaskTableError
 from nervex.system.protocol import (
     DATA_POLL_PATH,
     LEARNER_PROGRESS_PATH,
@@ -55,9 +56,8 @@ from nervex.system.protocol import (
     read_coordinator_url,
     storage_root,
 )
+from nervex.system.role import RoleExit, RoleLink
 from nervex.system.samples import SAMPLES_KEY, encode_samples
-from nervex.system.task_table import TaskTableError
-from nervex.system.worker import WorkerExit, WorkerLink
 
 from .test_coordinator import refusal
 
@@ -640,15 +640,15 @@ def test_a_worker_holding_a_stale_token_is_refused_at_once_with_exit_status_2(tm
             coordinator.start()
             fresh = (run_dir / TOKEN_FILE).read_bytes()
             assert len(fresh) == 32 and fresh != stale
-            link = WorkerLink(coordinator.cfg, str(run_dir), "actor", "actor0", token=stale)
+            link = RoleLink(coordinator.cfg, str(run_dir), "actor", "actor0", token=stale)
             start = time.monotonic()
-            with pytest.raises(WorkerExit) as info:
+            with pytest.raises(RoleExit) as info:
                 link.register()
             assert time.monotonic() - start < 3.0, "a 401 is not retried"
             link.close()
             with Client(coordinator.url, fresh, deadline_s=10.0) as client:
                 assert workers(client) == []
-                again = WorkerLink(coordinator.cfg, str(run_dir), "actor", "actor0")  # reads the token file anew
+                again = RoleLink(coordinator.cfg, str(run_dir), "actor", "actor0")  # reads the token file anew
                 assert again.register()["worker_id"] == "actor0"
                 again.close()
                 assert workers(client) == ["actor0"]

@@ -18,7 +18,7 @@ import pytest
 from nervex.config import ConfigError, apply_overrides, read_config, save_config, to_plain
 from nervex.entry import compile_parallel_config
 from nervex.system.comm.auth import load_or_create_token
-from nervex.system.comm.http import Client
+from nervex.system.comm.client import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.protocol import (
     DATA_POLL_PATH,

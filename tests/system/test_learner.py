@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from nervex.entry import DefaultCallbacks, SerialTrainer, compile_parallel_config
-from nervex.system.comm.http import Client
+from nervex.system.comm.client import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
 from nervex.system.protocol import PROTOCOL_VERSION, REGISTER_PATH, TASK_COMPLETE_PATH, TASK_LEASE_PATH, storage_root

@@ -262,7 +262,7 @@ class Roles:
 
 def _status(run_dir: Path) -> Dict[str, Any]:
     from nervex.system.comm.auth import load_or_create_token
-    from nervex.system.comm.http import Client
+    from nervex.system.comm.client import Client
 
     url = read_coordinator_url(str(run_dir))
     with Client(url, load_or_create_token(str(run_dir)), deadline_s=10.0) as client:
@@ -281,15 +281,15 @@ def _wait(predicate, timeout: float, what: str) -> Any:
 
 WRITES_BUT_NEVER_REPORTS = """
 import sys, time
-from nervex.system import worker
-call = worker.WorkerLink.call_registered
+from nervex.system import role
+call = role.RoleLink.call_registered
 def complete_never(self, path, body):
     if path == "/v1/task/complete":
         with open(sys.argv[1], "w") as f:
             f.write(body["result"]["data"])
         time.sleep(3600)  # killed here: the samples are on disk, the coordinator never hears of them
     return call(self, path, body)
-worker.WorkerLink.call_registered = complete_never
+role.RoleLink.call_registered = complete_never
 from nervex.system.actor_start import main
 sys.exit(main(sys.argv[2:]))
 """

@@ -18,11 +18,12 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client, Server
+from nervex.system.comm.server import Server
 from nervex.system.coordinator import Coordinator
 from nervex.system.protocol import TASK_COMPLETE_PATH, TASK_LEASE_PATH
-from nervex.system.worker import WorkerLink
+from nervex.system.role import RoleLink
 from tests.system.tcp_proxy import FaultyProxy
 from tests.system.test_coordinator import make_cfg
 from tests.system.test_parallel_run import (
@@ -37,7 +38,7 @@ from tests.system.test_parallel_run import (
 )
 
 OUTAGE_S = 13.0
-"""Longer than one call may retry (``WorkerLink.deadline_s``, 10 s), shorter than a worker reconnects (120 s)."""
+"""Longer than one call may retry (``RoleLink.deadline_s``, 10 s), shorter than a worker reconnects (120 s)."""
 
 
 # ---------------------------------------------------------------------------------------------------- the proxy
@@ -85,13 +86,13 @@ def test_an_outage_holds_requests_until_it_ends(echo_server):
 
 
 def test_a_lease_whose_answer_was_lost_reaches_the_worker_on_its_retry(tmp_path):
-    """Lease answers swallowed or reset after the coordinator leased: the worker's retries (``WorkerLink`` keeps the
+    """Lease answers swallowed or reset after the coordinator leased: the worker's retries (``RoleLink`` keeps the
     call's ``request_id``) get that lease back, so every lease handed out is one the worker knows, each task once."""
     token = secrets.token_bytes(32)
     with Coordinator(make_cfg(), str(tmp_path), token=token) as coordinator:
         port = urllib.parse.urlsplit(coordinator.url).port
         with FaultyProxy("127.0.0.1", port, seed=3, drop_p=0.3, reset_p=0.2) as proxy:
-            link = WorkerLink(coordinator.cfg, str(tmp_path), "actor", "actor0", url=proxy.url, token=token)
+            link = RoleLink(coordinator.cfg, str(tmp_path), "actor", "actor0", url=proxy.url, token=token)
             try:
                 link.register()
                 known = [link.call(TASK_LEASE_PATH, {"kind": "collect"})["task"] for _ in range(12)]

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.task_table import TaskTable, TaskTableError
+from nervex.system.coordinator.task_table import TaskTable, TaskTableError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LEASE_S = 30.0
@@ -202,31 +202,46 @@ def test_state_machine(table: TaskTable, clock: FakeClock, steps: List[tuple], a
     assert sum(table.counts().values()) == 1 and table.counts()[after["state"]] == 1
 
 
-def test_lease_hands_out_the_oldest_pending_task_of_the_kind(table: TaskTable, clock: FakeClock) -> None:
+def test_lease_hands_out_the_oldest_pending_task(table: TaskTable, clock: FakeClock) -> None:
     ids = [table.add_task("collect", {"i": i}) for i in range(3)]
-    learn_id = table.add_task("learn", {"batch_size": 64})
-    assert table.pending_count("collect") == 3 and table.pending_count("learn") == 1
+    assert table.pending_count("collect") == 3
     assert table.lease("a", "collect")["task_id"] == ids[0]
-    assert table.lease("b", "learn")["task_id"] == learn_id
-    assert table.lease("b", "learn") is None
-    assert [t["task_id"] for t in table.tasks(state="pending")] == ids[1:]
-    assert [t["task_id"] for t in table.tasks(kind="learn")] == [learn_id]
-    assert table.counts() == {"pending": 2, "leased": 2, "done": 0, "failed": 0}
+    assert table.lease("b", "collect")["task_id"] == ids[1]
+    assert [t["task_id"] for t in table.tasks(state="pending")] == ids[2:]
+    assert [t["task_id"] for t in table.tasks(kind="collect", state="leased")] == ids[:2]
+    assert table.counts() == {"pending": 1, "leased": 2, "done": 0, "failed": 0}
     assert table.workers()[0]["last_seen"] == clock.now
+
+
+@pytest.mark.parametrize("call", ["add_task", "lease", "pending_count", "results", "tasks"])
+def test_the_removed_learn_kind_is_refused(table: TaskTable, call: str) -> None:
+    calls = {
+        "add_task": lambda: table.add_task("learn", {"batch_size": 64}),
+        "lease": lambda: table.lease("a", "learn"),
+        "pending_count": lambda: table.pending_count("learn"),
+        "results": lambda: table.results("learn"),
+        "tasks": lambda: table.tasks(kind="learn"),
+    }
+    with pytest.raises(ProtocolError, match=r"unknown task kind 'learn'; expected one of \('collect',\)") as error:
+        calls[call]()
+    assert (error.value.status, error.value.field) == (400, "kind")
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):  # the schema refuses it too
+        table.db.connection().execute(
+            "INSERT INTO tasks (task_id, kind, payload, state, created_at, updated_at) "
+            "VALUES ('x', 'learn', '{}', 'pending', 0, 0)"
+        )
 
 
 def test_results_are_numbered_in_completion_order(table: TaskTable) -> None:
     for i in range(3):
         table.add_task("collect", {"i": i}, task_id=f"c{i}")
-    table.add_task("learn", {"i": 9}, task_id="l0")
     leases = {t["task_id"]: t["lease_id"] for t in (table.lease("a", "collect") for _ in range(3))}
-    learn_lease = table.lease("b", "learn")["lease_id"]
     table.complete("c2", leases["c2"], {"n": 2})
-    table.complete("l0", learn_lease, {"n": 9})
     table.complete("c0", leases["c0"], {"n": 0})
-    assert [(r["task_id"], r["seq"]) for r in table.results("collect")] == [("c2", 1), ("c0", 3)]
-    assert table.results("collect", since_seq=1) == [
-        {"task_id": "c0", "kind": "collect", "seq": 3, "payload": {"i": 0}, "result": {"n": 0}}
+    table.complete("c1", leases["c1"], {"n": 1})
+    assert [(r["task_id"], r["seq"]) for r in table.results("collect")] == [("c2", 1), ("c0", 2), ("c1", 3)]
+    assert table.results("collect", since_seq=2) == [
+        {"task_id": "c1", "kind": "collect", "seq": 3, "payload": {"i": 1}, "result": {"n": 1}}
     ]
     assert table.results("collect", since_seq=3) == []
     assert [r["task_id"] for r in table.results("collect", limit=1)] == ["c2"]
@@ -277,12 +292,6 @@ REFUSALS = [
     (
         "add_task same id other payload",
         lambda tt: [tt.add_task("collect", {"x": 1}, "t"), tt.add_task("collect", {"x": 2}, "t")],
-        409,
-        "task_id",
-    ),
-    (
-        "add_task same id other kind",
-        lambda tt: [tt.add_task("collect", {"x": 1}, "t"), tt.add_task("learn", {"x": 1}, "t")],
         409,
         "task_id",
     ),
@@ -338,7 +347,7 @@ def test_second_table_on_the_same_path_is_refused(tmp_path: Path) -> None:
 
 def test_wal_and_full_sync(tmp_path: Path) -> None:
     with TaskTable(str(tmp_path / "tasks.db")) as tt:
-        conn = tt._require_open()
+        conn = tt.db.connection()
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
@@ -352,6 +361,80 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         TaskTable(path)
     with sqlite3.connect(path) as conn:  # the refused open released its lock and left the db alone
         assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 99
+
+
+# The schema nervex wrote before issue 28 (version 1, with the never-created 'learn' kind), as it was shipped.
+_SCHEMA_V1 = """
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+CREATE TABLE workers (
+    worker_id TEXT PRIMARY KEY, role TEXT NOT NULL, info TEXT NOT NULL, registered_at REAL NOT NULL,
+    last_seen REAL NOT NULL
+);
+CREATE TABLE tasks (
+    num INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL CHECK (kind IN ('collect', 'learn')),
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'leased', 'done', 'failed')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    worker_id TEXT, lease_id TEXT, deadline REAL, result TEXT, error TEXT, seq INTEGER UNIQUE,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL
+);
+CREATE INDEX tasks_by_kind_state ON tasks (kind, state, num);
+CREATE INDEX tasks_by_state_deadline ON tasks (state, deadline);
+CREATE TABLE leases (
+    lease_id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL REFERENCES tasks (task_id),
+    worker_id TEXT NOT NULL REFERENCES workers (worker_id),
+    state TEXT NOT NULL CHECK (state IN ('active', 'completed', 'failed', 'expired')),
+    issued_at REAL NOT NULL, deadline REAL NOT NULL, ended_at REAL
+);
+INSERT INTO schema_version VALUES (1);
+INSERT INTO workers VALUES ('a', 'actor', '{}', 1000.0, 1000.0);
+INSERT INTO tasks VALUES (1, 'done0', 'collect', '{"i":0}', 'done', 1, 'a', 'L0', NULL, '{"n":0}', NULL, 1, 1000, 1000);
+INSERT INTO tasks VALUES (2, 'held', 'collect', '{"i":1}', 'leased', 1, 'a', 'L1', 1030.0, NULL, NULL, NULL, 1000, 1000);
+INSERT INTO tasks VALUES (3, 'waits', 'collect', '{"i":2}', 'pending', 0, NULL, NULL, NULL, NULL, NULL, NULL, 1000, 1000);
+INSERT INTO leases VALUES ('L0', 'done0', 'a', 'completed', 1000.0, 1030.0, 1001.0);
+INSERT INTO leases VALUES ('L1', 'held', 'a', 'active', 1000.0, 1030.0, NULL);
+"""
+
+
+def test_a_version_1_database_is_upgraded_and_its_run_goes_on(tmp_path: Path, clock: FakeClock) -> None:
+    path = str(tmp_path / "tasks.db")
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_SCHEMA_V1)
+    with TaskTable(path, clock=clock) as tt:
+        assert tt.db.one("SELECT version FROM schema_version") == 2
+        assert "'learn'" not in tt.db.one("SELECT sql FROM sqlite_master WHERE name='tasks'")
+        assert [t["task_id"] for t in tt.tasks()] == ["done0", "held", "waits"]
+        assert tt.results("collect") == [
+            {"task_id": "done0", "kind": "collect", "seq": 1, "payload": {"i": 0}, "result": {"n": 0}}
+        ]
+        assert tt.heartbeat("a", ["L1"])["renewed"] == {"L1": clock.now + 30.0}  # the lease held across the upgrade
+        assert tt.complete("held", "L1", R1) is True
+        assert tt.get_task("held")["seq"] == 2
+        assert tt.add_task("collect", {"i": 3}) and tt.db.one("SELECT MAX(num) FROM tasks") == 4
+        assert tt.db.query("PRAGMA foreign_key_check") == []
+        assert tt.db.one("PRAGMA foreign_keys") == 1
+    with TaskTable(path, clock=clock) as tt:  # upgraded once: opens as version 2
+        assert tt.counts() == {"pending": 2, "leased": 0, "done": 2, "failed": 0}
+
+
+def test_a_version_1_database_holding_a_learn_task_is_refused_unchanged(tmp_path: Path) -> None:
+    path = str(tmp_path / "tasks.db")
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_SCHEMA_V1)
+        conn.execute(
+            "INSERT INTO tasks VALUES (4, 'l', 'learn', '{}', 'pending', 0, NULL, NULL, NULL, NULL, NULL, "
+            "NULL, 1000, 1000)"
+        )
+    with pytest.raises(TaskTableError, match=r"schema version 1\) holds 1 task\(s\) of a kind other than 'collect'"):
+        TaskTable(path)
+    with sqlite3.connect(path) as conn:  # rolled back: still version 1, every row kept
+        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 1
+        assert conn.execute("SELECT COUNT(*) FROM tasks").fetchone()[0] == 4
+    with pytest.raises(TaskTableError, match="kind other than 'collect'"):  # not "already open": lock released
+        TaskTable(path)
 
 
 def test_closed_table_refuses_calls(tmp_path: Path) -> None:
@@ -379,7 +462,7 @@ def test_leases_survive_a_clean_restart(tmp_path: Path, clock: FakeClock) -> Non
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    from nervex.system.task_table import TaskTable
+    from nervex.system.coordinator.task_table import TaskTable
     tt = TaskTable(sys.argv[1])
     tt.register("a", "actor", {"pid": 1})
     tt.add_task("collect", {"snapshot": 7}, task_id="t")

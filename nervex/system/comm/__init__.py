@@ -1,38 +1,32 @@
 """The parallel mode's communication layer: authenticated JSON over HTTP, the bulk-data codec and the storage path.
 
 - ``auth``: the run's shared secret and the HMAC signature every request carries.
-- ``http``: ``Server`` (Flask routes served by waitress, signature and body caps checked before any handler) and
-  ``Client`` (signed requests with bounded, jittered retries under a deadline).
-- ``codec`` and ``schema``: arrays and state_dicts as safetensors, parsed and checked before use; never pickle.
+- ``server``: ``Server`` (Flask routes served by waitress, signature and body caps checked before any handler).
+- ``client``: ``Client`` (signed requests with bounded, jittered retries under a deadline).
+- ``codec``, ``safetensors_header`` and ``schema``: arrays and state_dicts as safetensors, parsed and checked before
+  use; never pickle. The codec (it imports torch) is imported on first use of its names here.
 - ``storage``: content-addressed files under the run's storage path, written atomically and verified on read.
 """
 
-import importlib
 from typing import Any
 
-# Imported on first use (PEP 562), not with the package: the coordinator reaches ``errors`` and ``storage`` through
-# ``nervex.system.protocol`` and must not import the codec's torch with them.
-_HOMES = {
-    "RequestVerifier": "auth",
-    "load_or_create_token": "auth",
-    "sign_request": "auth",
-    "decode_arrays": "codec",
-    "decode_state_dict": "codec",
-    "encode_arrays": "codec",
-    "encode_state_dict": "codec",
-    "ProtocolError": "errors",
-    "Client": "http",
-    "Server": "http",
-    "ArraySpec": "schema",
-    "Schema": "schema",
-    "Storage": "storage",
-}
+from .auth import RequestVerifier, load_or_create_token, sign_request
+from .client import Client
+from .errors import ProtocolError
+from .schema import ArraySpec, Schema
+from .server import Server
+from .storage import Storage
+
+_CODEC_NAMES = ("decode_arrays", "decode_state_dict", "encode_arrays", "encode_state_dict")
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    """The codec's names, imported on first use: the codec imports torch, which the coordinator does without."""
+    if name in _CODEC_NAMES:
+        from . import codec
+
+        return getattr(codec, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -3,7 +3,8 @@
 Trajectories (dicts of arrays) and policy snapshots (torch state_dicts) travel as safetensors: an 8-byte
 little-endian header length ``N``, ``N`` bytes of a JSON header ``{name: {"dtype", "shape", "data_offsets": [begin,
 end]}, "__metadata__": {str: str}}``, then the byte buffer. ``decode_arrays`` parses and checks that header itself
-(its size, the dtypes, shapes and offsets that tile the buffer exactly, no duplicate keys) before building arrays
+(``safetensors_header``: its size, the dtypes, shapes and offsets that tile the buffer exactly, no duplicate keys)
+before building arrays
 with ``np.frombuffer``, so a hostile, truncated or foreign buffer is a ``ProtocolError`` naming the field, and nothing
 received is ever unpickled. A ``Schema`` then checks what the arrays mean (required keys, dtypes, a shared ``T``,
 finite values).
@@ -21,37 +22,33 @@ import json
 import math
 import zipfile
 import zlib
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import safetensors.numpy
 import torch
 
 from .errors import ProtocolError
+from .safetensors_header import (
+    CODE_OF,
+    DTYPES,
+    build_array,
+    check_entry,
+    check_layout,
+    check_metadata,
+    read_header,
+)
 from .schema import Schema
 
 MAX_BYTES = 256 << 20
 """The default cap on an encoded payload (a decoded one is never larger)."""
-HEADER_MAX_BYTES = 1 << 20
-"""The cap on the JSON header of a safetensors buffer."""
 INLINE_MAX_BYTES = 1 << 20
 """The default cap on a payload carried inline in JSON (the decoded bytes)."""
 TREE_KEY = "nervex.tree"
 """The ``__metadata__`` key under which ``state_dict_to_arrays`` records the nesting and the non-tensor values."""
 
-_DTYPES: Dict[str, np.dtype] = {
-    code: np.dtype(name)
-    for code, name in zip(
-        ("BOOL", "U8", "I8", "I16", "I32", "I64", "F16", "F32", "F64"),
-        ("bool", "<u1", "<i1", "<i2", "<i4", "<i8", "<f2", "<f4", "<f8"),
-    )
-}
-_CODE_OF = {(dtype.kind, dtype.itemsize): code for code, dtype in _DTYPES.items()}
 _TORCH_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 _TORCH_DTYPES |= {torch.float16, torch.float32, torch.float64}
-_ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
-_MAX_NDIM = 32
-_MAX_ARRAY_BYTES = int(np.iinfo(np.intp).max)  # NumPy's limit on an array's size, empty dimensions left out
 _MAX_TREE_DEPTH = 64
 
 Tree = Mapping[str, Any]
@@ -118,29 +115,15 @@ def _to_numpy(name: str, leaf: Any) -> np.ndarray:
         leaf = leaf.detach().cpu().contiguous().numpy()
     if not isinstance(leaf, np.ndarray):
         raise TypeError(f"array {name!r} is a {type(leaf).__name__}; expected a np.ndarray or torch.Tensor")
-    if (leaf.dtype.kind, leaf.dtype.itemsize) not in _CODE_OF:
+    if (leaf.dtype.kind, leaf.dtype.itemsize) not in CODE_OF:
         raise TypeError(
             f"array {name!r} has dtype {leaf.dtype}; the codec takes bool, uint8, int8-64 and float16-64 "
-            f"({', '.join(_DTYPES)} in safetensors)"
+            f"({', '.join(DTYPES)} in safetensors)"
         )
     return np.asarray(leaf, dtype=leaf.dtype.newbyteorder("<"), order="C")  # ascontiguousarray makes 0-d 1-d
 
 
 # ---------------------------------------------------------------------------------------------------------- decoding
-
-
-class _Entry(NamedTuple):
-    name: str
-    dtype: np.dtype
-    shape: Tuple[int, ...]
-    begin: int
-    end: int
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
 
 
 def decode_arrays(data: bytes, schema: Optional[Schema] = None, max_bytes: int = MAX_BYTES) -> Dict[str, np.ndarray]:
@@ -165,128 +148,15 @@ def decode_arrays_and_metadata(
     data: bytes, schema: Optional[Schema] = None, max_bytes: int = MAX_BYTES
 ) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
     """Like ``decode_arrays``, and also the header's ``__metadata__`` (``{}`` when absent)."""
-    header, buffer_start = _read_header(data, max_bytes)
-    metadata = _check_metadata(header.pop("__metadata__", {}))
+    header, buffer_start = read_header(data, max_bytes)
+    metadata = check_metadata(header.pop("__metadata__", {}))
     buffer_len = len(data) - buffer_start
-    entries = [_check_entry(name, entry, buffer_len) for name, entry in header.items()]
-    _check_layout(entries, buffer_len)
-    arrays = {entry.name: _build_array(data, buffer_start, entry) for entry in entries}
+    entries = [check_entry(name, entry, buffer_len) for name, entry in header.items()]
+    check_layout(entries, buffer_len)
+    arrays = {entry.name: build_array(data, buffer_start, entry) for entry in entries}
     if schema is not None:
         schema.validate(arrays)
     return arrays, metadata
-
-
-def _read_header(data: bytes, max_bytes: int) -> Tuple[Dict[str, Any], int]:
-    """The parsed JSON header and the offset of the byte buffer."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ProtocolError(400, f"expected bytes, got {type(data).__name__}", field="data")
-    if len(data) > max_bytes:
-        raise ProtocolError(413, f"payload of {len(data)} bytes is over the cap of {max_bytes}", field="data")
-    if len(data) < 8:
-        raise ProtocolError(400, f"{len(data)} bytes is shorter than the 8-byte safetensors header length", "data")
-    size = int.from_bytes(data[:8], "little")
-    if size > HEADER_MAX_BYTES:
-        raise ProtocolError(
-            400, f"safetensors header length {size} is over the cap of {HEADER_MAX_BYTES} (not safetensors?)", "header"
-        )
-    if size > len(data) - 8:
-        raise ProtocolError(
-            400,
-            f"safetensors header length {size} runs past the end of the {len(data)}-byte payload (truncated?)",
-            "header",
-        )
-    try:
-        header = json.loads(bytes(data[8 : 8 + size]).decode("utf-8"), object_pairs_hook=_refuse_duplicates)
-    except _DuplicateKey as e:
-        raise ProtocolError(400, f"key {e.key!r} appears twice in the safetensors header", field=e.key) from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ProtocolError(400, f"safetensors header is not UTF-8 JSON: {e}", field="header") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(400, f"safetensors header is a JSON {type(header).__name__}, not an object", "header")
-    return header, 8 + size
-
-
-def _refuse_duplicates(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    result: Dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKey(key)
-        result[key] = value
-    return result
-
-
-def _check_metadata(metadata: Any) -> Dict[str, str]:
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise ProtocolError(400, "safetensors __metadata__ must be an object of strings", field="__metadata__")
-    return metadata
-
-
-def _check_entry(name: str, entry: Any, buffer_len: int) -> _Entry:
-    """One header entry as an ``_Entry``, after checking its keys, dtype, shape and offsets."""
-    if not name:
-        raise ProtocolError(400, "safetensors header has an empty tensor name", field="header")
-    if not isinstance(entry, dict) or set(entry) != _ENTRY_KEYS:
-        found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-        raise ProtocolError(400, f"tensor {name!r} must have exactly {sorted(_ENTRY_KEYS)}, found {found}", name)
-    dtype = _DTYPES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
-    if dtype is None:
-        raise ProtocolError(400, f"dtype {entry['dtype']!r} is not one of {', '.join(_DTYPES)}", field=f"{name}.dtype")
-    shape = entry["shape"]
-    if not isinstance(shape, list) or len(shape) > _MAX_NDIM or not all(_is_count(n) for n in shape):
-        raise ProtocolError(
-            400, f"shape {shape!r} is not a list of at most {_MAX_NDIM} non-negative integers", f"{name}.shape"
-        )
-    offsets = entry["data_offsets"]
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(n) for n in offsets)):
-        raise ProtocolError(400, f"data_offsets {offsets!r} is not [begin, end]", field=f"{name}.data_offsets")
-    begin, end = offsets
-    if not begin <= end <= buffer_len:
-        raise ProtocolError(
-            400, f"data_offsets [{begin}, {end}] lie outside the {buffer_len}-byte buffer", f"{name}.data_offsets"
-        )
-    needed = math.prod(shape) * dtype.itemsize
-    if needed != end - begin:
-        raise ProtocolError(
-            400,
-            f"shape {shape} of {entry['dtype']} needs {needed} bytes, data_offsets [{begin}, {end}] span {end - begin}",
-            field=f"{name}.data_offsets",
-        )
-    if math.prod(n for n in shape if n) * dtype.itemsize > _MAX_ARRAY_BYTES:
-        # an empty array (a 0 in its shape, its offsets span 0 bytes) whose other dimensions NumPy cannot hold
-        raise ProtocolError(400, f"shape {shape} is too large for any array, even an empty one", f"{name}.shape")
-    return _Entry(name, dtype, tuple(shape), begin, end)
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _check_layout(entries: Sequence[_Entry], buffer_len: int) -> None:
-    """The tensors must tile the buffer: no overlap, no gap, no trailing bytes."""
-    cursor = 0
-    for entry in sorted(entries, key=lambda e: (e.begin, e.end, e.name)):
-        if entry.begin != cursor:
-            problem = "overlaps the tensor before it" if entry.begin < cursor else f"leaves a gap at byte {cursor}"
-            raise ProtocolError(
-                400, f"data_offsets [{entry.begin}, {entry.end}] {problem}", field=f"{entry.name}.data_offsets"
-            )
-        cursor = entry.end
-    if cursor != buffer_len:
-        raise ProtocolError(400, f"{buffer_len - cursor} bytes after the last tensor belong to none", field="data")
-
-
-def _build_array(data: bytes, buffer_start: int, entry: _Entry) -> np.ndarray:
-    """A writable native-endian copy of one tensor's bytes."""
-    count = math.prod(entry.shape)
-    if count == 0:
-        return np.empty(entry.shape, dtype=entry.dtype.newbyteorder("="))
-    offset = buffer_start + entry.begin
-    if entry.dtype == np.bool_:
-        raw = np.frombuffer(data, dtype=np.uint8, count=count, offset=offset)
-        if raw.max() > 1:
-            raise ProtocolError(400, "BOOL tensor holds bytes other than 0 and 1", field=entry.name)
-    view = np.frombuffer(data, dtype=entry.dtype, count=count, offset=offset)
-    return np.array(view, dtype=entry.dtype.newbyteorder("=")).reshape(entry.shape)
 
 
 def unflatten_arrays(flat: Mapping[str, Any]) -> Dict[str, Any]:
@@ -349,7 +219,7 @@ def _load_npz_member(npz: Any, name: str) -> np.ndarray:
         raise ProtocolError(400, f"array {name!r} is corrupt: {e}", field=name) from None
     if not isinstance(array, np.ndarray):  # a zip member that is not an .npy: NpzFile hands back its raw bytes
         raise ProtocolError(400, f"member {name!r} is not an .npy array", field=name)
-    if (array.dtype.kind, array.dtype.itemsize) not in _CODE_OF or array.dtype.names is not None:
+    if (array.dtype.kind, array.dtype.itemsize) not in CODE_OF or array.dtype.names is not None:
         raise ProtocolError(400, f"array {name!r} has dtype {array.dtype}, not one the codec takes", field=name)
     return array
 

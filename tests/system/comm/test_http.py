@@ -9,8 +9,9 @@ import pytest
 import requests
 
 from nervex.system.comm.auth import sign_request
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client, Server
+from nervex.system.comm.server import Server
 
 TOKEN = secrets.token_bytes(32)
 ROUTE_CAP = 1024
@@ -250,7 +251,7 @@ def test_handler_protocol_error_reaches_client_with_field(server, recorder):
 
 
 def test_500_hides_exception_text_and_logs_it(server, recorder, caplog):
-    with caplog.at_level(logging.ERROR, logger="nervex.system.comm.http"):
+    with caplog.at_level(logging.ERROR, logger="nervex.system.comm.server"):
         response = post_signed(server, "/boom", b'{"k":1}')
     assert response.status_code == 500 and "secret detail" not in response.text
     assert any("secret detail 42" in (record.exc_text or "") for record in caplog.records)
@@ -291,7 +292,7 @@ def test_client_gives_up_after_max_retries():
 def test_a_stop_ends_a_retrying_call_within_the_grace_and_a_busy_server_is_still_retried_during_it(server, recorder):
     """``should_stop``: a call retrying an unreachable server gives up ``STOP_GRACE_S`` after the stop is seen, not
     at its 30 s deadline, and still retries within that second; without a stop the same call keeps retrying."""
-    from nervex.system.comm.http import STOP_GRACE_S
+    from nervex.system.comm.client import STOP_GRACE_S
 
     stop_at = time.monotonic() + 0.5
     client = Client(
@@ -347,7 +348,7 @@ def test_port_in_use_names_host_and_port():
 
 
 def test_non_loopback_host_warns_and_loopback_does_not(caplog):
-    with caplog.at_level(logging.WARNING, logger="nervex.system.comm.http"):
+    with caplog.at_level(logging.WARNING, logger="nervex.system.comm.server"):
         Server("exposed", TOKEN, host="0.0.0.0")  # not started: nothing binds
         Server("local", TOKEN, host="localhost")
     warnings = [record.getMessage() for record in caplog.records]

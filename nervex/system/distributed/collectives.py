@@ -1,313 +1,19 @@
-"""Data-parallel training of one logical learner with ``torch.distributed``.
-
-The parallel mode's learner role may run as several processes (one per GPU, or several CPU processes): rank 0 talks
-HTTP to the coordinator, every rank trains on its share of each batch, and the gradients are averaged across ranks
-right after each backward pass, so every rank takes the same optimizer step and the ranks stay equal. A learner::
-
-    info = dist_info_from_env()                  # torchrun's variables, else Slurm's, else a single process
-    init_process_group(info, device, timeout_s=60.0)
-    broadcast_policy(policy)                     # every rank starts from rank 0's weights, targets, optimizer
-    handle = attach_gradient_allreduce([policy.model], info.world_size, optimized_tensors(policy))
-    ...  # each rank: policy.learn_mode.forward(its rows of the batch)
-    handle.remove()
-    destroy_process_group()
-
-Why not ``DistributedDataParallel``: nervex policies call ``optimizer.step()`` themselves inside their learn forward
-(with gradient clipping in between), and wrapping the model in DDP would rename every ``state_dict`` key
-(``module.``). ``attach_gradient_allreduce`` instead hooks the parameters: when a backward pass has accumulated every
-gradient, one all-reduce per (device, dtype) averages them, before the policy clips and steps.
-
-Limits: every rank must run the same sequence of backward passes, each reaching the same parameters (a rank that
-skips a backward, or whose loss does not reach a parameter the others' does, leaves the others waiting until the
-group's timeout). The averaged gradient equals the gradient of the whole batch only when the loss is a mean over
-equally sized per-rank shares (DQN's importance-weighted mean is). A rank that dies or stalls makes the others raise
-a ``RuntimeError`` within the group's timeout (gloo at once for a closed connection; NCCL through its watchdog).
-"""
+"""The learner group's process group and collectives: join it, broadcast a policy, average gradients after each
+backward pass, reduce a number, broadcast JSON (never pickle), wait at a barrier."""
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
-import re
 import threading
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol, Tuple
 
 import torch
 import torch.distributed as dist
 
+from nervex.system.distributed.ranks import DistInfo
 from nervex.torch_utils.optimizer import trained_tensors
-
-DEFAULT_MASTER_ADDR = "127.0.0.1"
-DEFAULT_MASTER_PORT = 29500  # torchrun's default
-SLURM_PORT_BASE = 15000
-SLURM_PORT_SPAN = 20000  # the port is SLURM_PORT_BASE + SLURM_JOB_ID % SLURM_PORT_SPAN: 15000..34999
-SLURM_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-SOURCES = ("single", "torchrun", "slurm")
-_DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() and int() also take other scripts' digits
-HostPart = Union[str, List[Tuple[int, int, int]]]  # literal text, or a bracket group's (first, last, width) ranges
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    """Where this process stands in its process group.
-
-    Attributes:
-        rank: Global rank, ``0 <= rank < world_size``.
-        world_size: Number of processes in the group.
-        local_rank: Rank on this node; picks the GPU (``cuda:local_rank``), nothing else.
-        master_addr: Host of rank 0's rendezvous store.
-        master_port: Port of rank 0's rendezvous store.
-        source: Where the figures came from: ``'single'``, ``'torchrun'`` or ``'slurm'``.
-    """
-
-    rank: int
-    world_size: int
-    local_rank: int
-    master_addr: str
-    master_port: int
-    source: str
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ValueError(f"DistInfo.world_size must be >= 1, got {self.world_size}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"DistInfo.rank must be in [0, {self.world_size}), got {self.rank}")
-        if self.local_rank < 0:
-            raise ValueError(f"DistInfo.local_rank must be >= 0, got {self.local_rank}")
-        if not 1 <= self.master_port <= 65535:
-            raise ValueError(f"DistInfo.master_port must be in [1, 65535], got {self.master_port}")
-        if self.source not in SOURCES:
-            raise ValueError(f"DistInfo.source must be one of {SOURCES}, got {self.source!r}")
-
-    @property
-    def is_main(self) -> bool:
-        """Whether this is rank 0 (the rank that talks to the coordinator, logs and saves checkpoints)."""
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        """Whether there is more than one process."""
-        return self.world_size > 1
-
-
-# ---- where am I: the environment ------------------------------------------------------------------------------------
-def dist_info_from_env(environ: Mapping[str, str] = os.environ) -> DistInfo:
-    """This process's rank, world size and rendezvous address from the launcher's environment variables.
-
-    torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) take precedence;
-    else Slurm's (``srun``): the rank is ``SLURM_PROCID`` of ``SLURM_NTASKS`` (``SLURM_LOCALID`` only picks the
-    device), rank 0's host the first host of ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST``, else
-    ``SLURM_NODELIST``) and the port ``15000 + SLURM_JOB_ID % 20000``; ``MASTER_ADDR`` and ``MASTER_PORT``, when
-    set, override both. With neither, a single process.
-
-    Note that an ``sbatch`` script itself runs with ``SLURM_PROCID=0`` and the job's ``SLURM_NTASKS``: start the
-    learner through ``srun`` (one process per task), or rank 0 waits for ranks that never come.
-
-    Args:
-        environ: The environment to read.
-
-    Returns:
-        The process's ``DistInfo``.
-
-    Raises:
-        ValueError: a variable is malformed (not an integer, a rank outside the world, a bad node list or port) or
-            missing (``RANK`` without ``WORLD_SIZE``; a multi-process Slurm step without a node list or job id);
-            the message names the variable.
-    """
-    if "RANK" in environ or "WORLD_SIZE" in environ:
-        return _torchrun_info(environ)
-    if "SLURM_PROCID" in environ:
-        return _slurm_info(environ)
-    return DistInfo(0, 1, 0, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, "single")
-
-
-def _int_var(environ: Mapping[str, str], name: str, minimum: int, hint: str = "") -> int:
-    if name not in environ:
-        raise ValueError(f"environment variable {name} is not set{hint}")
-    raw = environ[name]
-    if not re.fullmatch(r"-?[0-9]+", raw.strip()):  # int() would also take '1_0', '+1' and other scripts' digits
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer")
-    value = int(raw)
-    if value < minimum:
-        raise ValueError(f"environment variable {name}={raw!r} must be >= {minimum}")
-    return value
-
-
-def _port_var(environ: Mapping[str, str]) -> int:
-    port = _int_var(environ, "MASTER_PORT", 1)
-    if port > 65535:
-        raise ValueError(f"environment variable MASTER_PORT={environ['MASTER_PORT']!r} must be a port <= 65535")
-    return port
-
-
-def _addr_var(environ: Mapping[str, str]) -> str:
-    addr = environ["MASTER_ADDR"].strip()
-    if not addr:
-        raise ValueError("environment variable MASTER_ADDR is empty; set it to rank 0's host name or address")
-    return addr
-
-
-def _torchrun_info(environ: Mapping[str, str]) -> DistInfo:
-    hint = f" (torchrun sets {', '.join(TORCHRUN_VARS)} together)"
-    world_size = _int_var(environ, "WORLD_SIZE", 1, hint)
-    rank = _int_var(environ, "RANK", 0, hint)
-    if rank >= world_size:
-        raise ValueError(f"environment variable RANK={environ['RANK']!r} must be < WORLD_SIZE={world_size}")
-    local_rank = _int_var(environ, "LOCAL_RANK", 0, hint)
-    if world_size == 1 and "MASTER_ADDR" not in environ:
-        return DistInfo(rank, 1, local_rank, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, "torchrun")
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
-        if name not in environ:
-            raise ValueError(f"environment variable {name} is not set{hint}")
-    return DistInfo(rank, world_size, local_rank, _addr_var(environ), _port_var(environ), "torchrun")
-
-
-def _slurm_info(environ: Mapping[str, str]) -> DistInfo:
-    hint = " (srun sets SLURM_PROCID and SLURM_NTASKS for every task)"
-    world_size = _int_var(environ, "SLURM_NTASKS", 1, hint)
-    rank = _int_var(environ, "SLURM_PROCID", 0, hint)
-    if rank >= world_size:
-        raise ValueError(
-            f"environment variable SLURM_PROCID={environ['SLURM_PROCID']!r} must be < SLURM_NTASKS={world_size}"
-        )
-    local_rank = _int_var(environ, "SLURM_LOCALID", 0) if "SLURM_LOCALID" in environ else 0
-    addr, port = _slurm_master_addr(environ, world_size), _slurm_master_port(environ, world_size)
-    return DistInfo(rank, world_size, local_rank, addr, port, "slurm")
-
-
-def _slurm_master_addr(environ: Mapping[str, str], world_size: int) -> str:
-    if "MASTER_ADDR" in environ:
-        return _addr_var(environ)
-    for name in SLURM_NODELIST_VARS:
-        if name in environ:
-            try:
-                return first_host(environ[name])
-            except ValueError as e:
-                raise ValueError(f"environment variable {name}={environ[name]!r}: {e}") from None
-    if world_size == 1:
-        return DEFAULT_MASTER_ADDR
-    raise ValueError(f"none of {', '.join(SLURM_NODELIST_VARS)} is set; set MASTER_ADDR to rank 0's host")
-
-
-def _slurm_master_port(environ: Mapping[str, str], world_size: int) -> int:
-    if "MASTER_PORT" in environ:
-        return _port_var(environ)
-    if "SLURM_JOB_ID" in environ:
-        return SLURM_PORT_BASE + _int_var(environ, "SLURM_JOB_ID", 0) % SLURM_PORT_SPAN
-    if world_size == 1:
-        return DEFAULT_MASTER_PORT
-    raise ValueError("environment variable SLURM_JOB_ID is not set; set MASTER_PORT to a free port on rank 0's host")
-
-
-# ---- Slurm host lists -----------------------------------------------------------------------------------------------
-def expand_hostlist(nodelist: str) -> Iterator[str]:
-    """The hosts of a Slurm host list, in the order written (lazily: ``n[1-100000]`` costs nothing up front).
-
-    ``node01``; ``node[01-03,07]`` (node01 node02 node03 node07); ``gpu-a[1-2],gpu-b5``; ``n[001-004]`` keeps the
-    zero padding of the range's first number; several bracket groups in one name (``r[1-2]n[1-2]``) expand as a
-    product, the last group fastest.
-
-    Args:
-        nodelist: The host list (``SLURM_JOB_NODELIST``'s format).
-
-    Yields:
-        Host names.
-
-    Raises:
-        ValueError: the list is empty or malformed (unbalanced or nested brackets, an empty name or range, a range
-            whose end is below its start, anything but digits, ``-`` and ``,`` inside brackets); the whole list is
-            checked by the call, before any host is produced.
-    """
-    items = [_parse_item(item, nodelist) for item in _split_top_level(nodelist)]
-    return (host for parts in items for host in _expand_parts(parts))
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm host list (rank 0's node under ``srun``'s default block distribution).
-
-    Args:
-        nodelist: The host list, e.g. ``'gpu-a[1-2],gpu-b5'`` (gives ``'gpu-a1'``).
-
-    Returns:
-        The first host name.
-
-    Raises:
-        ValueError: the list is empty or malformed (see ``expand_hostlist``).
-    """
-    return next(expand_hostlist(nodelist))
-
-
-def _split_top_level(nodelist: str) -> List[str]:
-    """Split at the commas outside brackets, checking that the brackets balance and do not nest."""
-    text = nodelist.strip()
-    if not text:
-        raise ValueError("the host list is empty")
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char == "[":
-            if depth:
-                raise ValueError(f"nested '[' at position {i} of host list {nodelist!r}")
-            depth = 1
-        elif char == "]":
-            if not depth:
-                raise ValueError(f"']' without '[' at position {i} of host list {nodelist!r}")
-            depth = 0
-        elif char == "," and not depth:
-            items.append(text[start:i])
-            start = i + 1
-    if depth:
-        raise ValueError(f"'[' is never closed in host list {nodelist!r}")
-    items.append(text[start:])
-    for item in items:
-        if not item.strip():
-            raise ValueError(f"empty host name in host list {nodelist!r}")
-    return [item.strip() for item in items]
-
-
-def _parse_item(item: str, nodelist: str) -> List[HostPart]:
-    """One host pattern as parts: literal text, or a bracket group's ranges (``'n[1-2]x'`` -> ``['n', [...], 'x']``)."""
-    parts: List[HostPart] = []
-    pos = 0
-    while pos < len(item):
-        open_at = item.find("[", pos)
-        if open_at < 0:
-            parts.append(item[pos:])
-            break
-        if open_at > pos:
-            parts.append(item[pos:open_at])
-        close_at = item.index("]", open_at)  # balanced: checked by _split_top_level
-        parts.append(_parse_ranges(item[open_at + 1 : close_at], nodelist))
-        pos = close_at + 1
-    return parts
-
-
-def _parse_ranges(body: str, nodelist: str) -> List[Tuple[int, int, int]]:
-    """``'01-03,7'`` -> ``[(1, 3, 2), (7, 7, 1)]``: (first, last, zero-padded width)."""
-    ranges = []
-    for spec in body.split(","):
-        low, sep, high = spec.strip().partition("-")
-        if not _DIGITS.fullmatch(low) or (sep and not _DIGITS.fullmatch(high)):
-            raise ValueError(f"bad range {spec!r} in '[{body}]' of host list {nodelist!r}: expected N or N-M")
-        first, last = int(low), int(high) if sep else int(low)
-        if last < first:
-            raise ValueError(f"range {spec!r} of host list {nodelist!r} ends below its start")
-        ranges.append((first, last, len(low)))
-    return ranges
-
-
-def _expand_parts(parts: List[HostPart]) -> Iterator[str]:
-    if not parts:
-        yield ""
-        return
-    head, rest = parts[0], parts[1:]
-    heads = [head] if isinstance(head, str) else (f"{n:0{w}d}" for a, b, w in head for n in range(a, b + 1))
-    for prefix in heads:
-        for suffix in _expand_parts(rest):
-            yield prefix + suffix
 
 
 # ---- the process group ----------------------------------------------------------------------------------------------
@@ -664,23 +370,6 @@ def all_reduce_mean(value: float) -> float:
     return float(total.item()) / size
 
 
-__all__ = [
-    "DistInfo",
-    "GradientAllReduce",
-    "StatefulPolicy",
-    "all_reduce_mean",
-    "attach_gradient_allreduce",
-    "broadcast_parameters",
-    "broadcast_policy",
-    "destroy_process_group",
-    "dist_info_from_env",
-    "expand_hostlist",
-    "first_host",
-    "init_process_group",
-    "optimized_tensors",
-]
-
-
 def broadcast_json(message: Any, src: int = 0) -> Any:
     """Rank ``src``'s JSON-serialisable ``message`` on every rank (the message itself for a single process).
 
@@ -721,4 +410,16 @@ def barrier() -> None:
         dist.barrier()
 
 
-__all__ += ["barrier", "broadcast_json"]
+__all__ = [
+    "GradientAllReduce",
+    "StatefulPolicy",
+    "all_reduce_mean",
+    "attach_gradient_allreduce",
+    "barrier",
+    "broadcast_json",
+    "broadcast_parameters",
+    "broadcast_policy",
+    "destroy_process_group",
+    "init_process_group",
+    "optimized_tensors",
+]

@@ -1,12 +1,13 @@
 """The coordinator's own durable state next to the task table: run id, config hash, the finished flag, the learner's
-last progress, and the index of accepted collect results (SQLite, WAL, ``synchronous=FULL``)."""
+last progress, and the index of accepted collect results (a ``nervex.utils.sqlite.Database``: WAL,
+``synchronous=FULL``)."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 from typing import Any, Dict, List, Tuple
+
+from nervex.utils.sqlite import Database
 
 _STATE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS run_state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -22,51 +23,44 @@ class RunState:
 
     The index is derived from the task table (``TaskTable.results``), so a crash between a result's acceptance and
     its indexing is repaired by ``ingest`` at the next start.
+
+    Args:
+        path: The SQLite file (``<run_dir>/coordinator_state.sqlite``).
     """
 
     def __init__(self, path: str) -> None:
-        self._lock = threading.Lock()
-        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.executescript(_STATE_SCHEMA)
+        self._db = Database(path, name="coordinator run state")
+        self._db.script(_STATE_SCHEMA)
         self.env_steps = int(self._one("SELECT COALESCE(SUM(env_steps), 0) FROM accepted"))
         self.last_seq = int(self._one("SELECT COALESCE(MAX(seq), 0) FROM accepted"))
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        """Close the database; safe to call twice."""
+        self._db.close()
 
     def get(self, key: str, default: Any = None) -> Any:
-        with self._lock:
-            row = self._conn.execute("SELECT value FROM run_state WHERE key=?", (key,)).fetchone()
-        return default if row is None else json.loads(row[0])
+        """The value stored under ``key``, or ``default``."""
+        value = self._db.one("SELECT value FROM run_state WHERE key=?", (key,))
+        return default if value is None else json.loads(value)
 
     def put(self, key: str, value: Any) -> None:
-        with self._lock:
-            self._conn.execute("INSERT OR REPLACE INTO run_state VALUES (?, ?)", (key, json.dumps(value)))
+        """Store ``value`` (JSON) under ``key``, durably."""
+        self._db.execute("INSERT OR REPLACE INTO run_state VALUES (?, ?)", (key, json.dumps(value)))
 
     def put_default(self, key: str, value: Any) -> Any:
         """Store ``value`` unless ``key`` holds one already; returns what ``key`` holds."""
-        with self._lock:
-            self._conn.execute("INSERT OR IGNORE INTO run_state VALUES (?, ?)", (key, json.dumps(value)))
+        self._db.execute("INSERT OR IGNORE INTO run_state VALUES (?, ?)", (key, json.dumps(value)))
         return self.get(key)
 
     def ingest(self, results: List[Dict[str, Any]]) -> None:
         """Index accepted collect results (``TaskTable.results`` rows, in seq order) in one transaction."""
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                for row in results:
-                    steps = int(row["result"]["env_steps"])
-                    self._conn.execute(
-                        "INSERT INTO accepted VALUES (?, ?, ?, ?)",
-                        (row["seq"], row["task_id"], row["result"]["data"], steps),
-                    )
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        with self._db.transaction() as conn:
+            for row in results:
+                steps = int(row["result"]["env_steps"])
+                conn.execute(
+                    "INSERT INTO accepted VALUES (?, ?, ?, ?)",
+                    (row["seq"], row["task_id"], row["result"]["data"], steps),
+                )
         self.env_steps += sum(int(row["result"]["env_steps"]) for row in results)
         self.last_seq = max([self.last_seq] + [row["seq"] for row in results])
 
@@ -79,5 +73,4 @@ class RunState:
         return int(self._one("SELECT COUNT(*) FROM accepted WHERE seq > ?", (seq,)))
 
     def _one(self, sql: str, params: Tuple[Any, ...] = ()) -> Any:
-        with self._lock:
-            return self._conn.execute(sql, params).fetchone()[0]
+        return self._db.one(sql, params)

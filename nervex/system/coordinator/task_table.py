@@ -1,152 +1,47 @@
-"""The coordinator's task table: collect and learn tasks, registered workers and their leases, durable in SQLite.
+"""The coordinator's task table: collect tasks, registered roles and their leases, durable in SQLite.
 
 A task moves ``pending -> leased(worker_id, lease_id, deadline) -> done | failed``; a lease that fails or runs past its
 deadline sends the task back to ``pending`` until it has been leased ``max_attempts`` times, then to ``failed``. Every
 lease ever handed out is kept in a ``leases`` table, so a late or retried request is told apart from a forged one: a
-lease of another worker is a 403, an unknown id a 404, a lease that is no longer current is dropped (``False``).
+lease of another role's process is a 403, an unknown id a 404, a lease that is no longer current is dropped
+(``False``). The processes that register are called workers here, as in the ``workers`` table and the ``worker_id``
+field of every request (names kept from the wire and from existing databases).
 
-Durability: WAL journal with ``synchronous=FULL``. A transaction is fsynced to the WAL before ``COMMIT`` returns, so what
-a method returned (and the HTTP handler acknowledged) survives a ``kill -9`` of the coordinator and a power loss of its
-node. ``NORMAL`` would survive the ``kill -9`` (the WAL write sits in the OS page cache) but not a power loss: a worker
-told "accepted" would keep its result file while a rebooted coordinator re-runs the task. The cost, one fsync per
-state change, is small next to the rate of control messages (a few per second per worker).
+Durability: the file is a ``nervex.utils.sqlite.Database`` (WAL, ``synchronous=FULL``). A transaction is fsynced to the
+WAL before ``COMMIT`` returns, so what a method returned (and the HTTP handler acknowledged) survives a ``kill -9`` of
+the coordinator and a power loss of its node. The cost, one fsync per state change, is small next to the rate of
+control messages (a few per second per process). The schema and its upgrade from older versions are in
+``nervex.system.coordinator.schema``.
 
 Deadlines are wall-clock seconds (``time.time``), not monotonic, because they must mean the same after a restart.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import math
-import os
 import sqlite3
-import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional
 
 from nervex.system.comm.errors import ProtocolError
-
-SCHEMA_VERSION = 1
-TASK_KINDS = ("collect", "learn")
-TASK_STATES = ("pending", "leased", "done", "failed")
-LEASE_STATES = ("active", "completed", "failed", "expired")
-MAX_ID_LEN = 200
-BUSY_TIMEOUT_MS = 5000
-
-_SCHEMA = """
-CREATE TABLE schema_version (version INTEGER NOT NULL);
-CREATE TABLE workers (
-    worker_id TEXT PRIMARY KEY,
-    role TEXT NOT NULL,
-    info TEXT NOT NULL,
-    registered_at REAL NOT NULL,
-    last_seen REAL NOT NULL
-);
-CREATE TABLE tasks (
-    num INTEGER PRIMARY KEY AUTOINCREMENT,
-    task_id TEXT NOT NULL UNIQUE,
-    kind TEXT NOT NULL CHECK (kind IN ('collect', 'learn')),
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('pending', 'leased', 'done', 'failed')),
-    attempts INTEGER NOT NULL DEFAULT 0,
-    worker_id TEXT,
-    lease_id TEXT,
-    deadline REAL,
-    result TEXT,
-    error TEXT,
-    seq INTEGER UNIQUE,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX tasks_by_kind_state ON tasks (kind, state, num);
-CREATE INDEX tasks_by_state_deadline ON tasks (state, deadline);
-CREATE TABLE leases (
-    lease_id TEXT PRIMARY KEY,
-    task_id TEXT NOT NULL REFERENCES tasks (task_id),
-    worker_id TEXT NOT NULL REFERENCES workers (worker_id),
-    state TEXT NOT NULL CHECK (state IN ('active', 'completed', 'failed', 'expired')),
-    issued_at REAL NOT NULL,
-    deadline REAL NOT NULL,
-    ended_at REAL
-);
-"""
+from nervex.system.coordinator.schema import (
+    SCHEMA_VERSION,
+    TASK_STATES,
+    check_id,
+    check_kind,
+    create_schema,
+    task_record,
+    to_json,
+    upgrade_from_1,
+    worker_record,
+)
+from nervex.utils.sqlite import Database
 
 
 class TaskTableError(RuntimeError):
     """The task table's database cannot be opened: locked by another coordinator, a newer schema, not WAL-capable."""
-
-
-def _to_json(value: Any, field: str) -> str:
-    """Encodes a dict as canonical JSON (sorted keys, no NaN), so equal values have equal text.
-
-    Raises:
-        ProtocolError: 400 when ``value`` is not a dict or not JSON-serializable.
-    """
-    if not isinstance(value, dict):
-        raise ProtocolError(400, f"'{field}' must be a JSON object (dict), got {type(value).__name__}", field=field)
-    try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise ProtocolError(400, f"'{field}' is not JSON-serializable: {e}", field=field) from e
-
-
-def _check_id(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
-        raise ProtocolError(400, f"'{field}' must be a non-empty string of at most {MAX_ID_LEN} chars", field=field)
-    return value
-
-
-def _check_kind(kind: Any) -> str:
-    if kind not in TASK_KINDS:
-        raise ProtocolError(400, f"unknown task kind {kind!r}; expected one of {TASK_KINDS}", field="kind")
-    return kind
-
-
-def _acquire_lock_file(db_path: str) -> int:
-    """Takes an exclusive ``flock`` on ``<db_path>.lock`` and writes this pid into it.
-
-    The OS drops the lock when the process dies, ``kill -9`` included, so a crashed coordinator never blocks its
-    successor.
-
-    Raises:
-        TaskTableError: another process (or another open TaskTable in this one) holds the lock.
-    """
-    lock_path = db_path + ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        raise TaskTableError(
-            f"task table {db_path!r} is already open by another coordinator (lock file {lock_path!r} held by pid "
-            f"{holder}); stop it or point this one at another database"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-    return fd
-
-
-def _release_lock_file(fd: int) -> None:
-    os.ftruncate(fd, 0)
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
-
-
-def _task_dict(row: sqlite3.Row) -> Dict[str, Any]:
-    task = {k: row[k] for k in row.keys() if k != "num"}
-    task["payload"] = json.loads(row["payload"])
-    task["result"] = None if row["result"] is None else json.loads(row["result"])
-    return task
-
-
-def _worker_dict(row: sqlite3.Row) -> Dict[str, Any]:
-    worker = {k: row[k] for k in row.keys()}
-    worker["info"] = json.loads(row["info"])
-    return worker
 
 
 class TaskTable:
@@ -161,7 +56,7 @@ class TaskTable:
           lease is stale and its result is dropped, so each task has exactly one accepted result.
         * A retried ``complete`` (same lease, same result) returns True again; the same lease with another result is a
           409. A retried ``fail`` of the same lease returns True again.
-        * Each accepted result gets ``seq``, one more than the largest so far (all kinds share the sequence; done tasks
+        * Each accepted result gets ``seq``, one more than the largest so far (one sequence for all kinds; done tasks
           are never deleted, so a seq is never reused). :meth:`results` lists results after a given seq.
 
     Args:
@@ -179,60 +74,51 @@ class TaskTable:
             raise ValueError(f"TaskTable lease_s must be a positive number of seconds, got {lease_s!r}")
         if not (isinstance(max_attempts, int) and max_attempts >= 1):
             raise ValueError(f"TaskTable max_attempts must be an int >= 1, got {max_attempts!r}")
-        self.path = os.path.abspath(path)
         self.lease_s = float(lease_s)
         self.max_attempts = max_attempts
         self._clock = clock
-        self._lock = threading.RLock()
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._lock_fd: Optional[int] = _acquire_lock_file(self.path)
+        self.db = Database(
+            path, name="task table", exclusive=True, foreign_keys=True, error=TaskTableError, owner="coordinator"
+        )
+        """The SQLite file (for inspection and tests; change the table through the methods)."""
+        self.path = self.db.path
         try:
-            self._conn: Optional[sqlite3.Connection] = self._connect()
-            self._init_schema()
+            self._open_schema()
         except BaseException:
             self.close()
             raise
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
-        conn.row_factory = sqlite3.Row
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if mode.lower() != "wal":
-            conn.close()
-            raise TaskTableError(f"task table {self.path!r} refused journal_mode=WAL (got {mode!r}); use local disk")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA foreign_keys=ON")
-        return conn
-
-    def _init_schema(self) -> None:
+    def _open_schema(self) -> None:
+        """Create the tables of a new database, upgrade an older one, refuse a newer one."""
         with self._transaction() as conn:
-            exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
-            if not exists:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone():
+                create_schema(conn)
                 return
             row = conn.execute("SELECT version FROM schema_version").fetchone()
         version = None if row is None else row["version"]
-        if version != SCHEMA_VERSION:
+        if version == 1:
+            self._upgrade_from_1()
+        elif version != SCHEMA_VERSION:
             raise TaskTableError(
-                f"task table {self.path!r} has schema version {version}, this nervex reads version {SCHEMA_VERSION}; "
-                "open it with the nervex that wrote it, or start a new database"
+                f"task table {self.path!r} has schema version {version}, this nervex reads versions 1 and "
+                f"{SCHEMA_VERSION}; open it with the nervex that wrote it, or start a new database"
             )
+
+    def _upgrade_from_1(self) -> None:
+        conn = self.db.connection()
+        with self.db.lock:
+            conn.execute("PRAGMA foreign_keys=OFF")  # a no-op inside a transaction: set before it
+            try:
+                with self._transaction() as conn:
+                    upgrade_from_1(conn, TaskTableError, self.path)
+            finally:
+                conn.execute("PRAGMA foreign_keys=ON")
 
     def close(self) -> None:
         """Closes the database and releases the lock file. Safe to call twice."""
-        with self._lock:
-            conn, self._conn = getattr(self, "_conn", None), None
-            if conn is not None:
-                conn.close()
-            fd, self._lock_fd = self._lock_fd, None
-            if fd is not None:
-                _release_lock_file(fd)
+        self.db.close()
 
     def __enter__(self) -> TaskTable:
         return self
@@ -240,27 +126,12 @@ class TaskTable:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _require_open(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise TaskTableError(f"task table {self.path!r} is closed")
-        return self._conn
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self) -> ContextManager[sqlite3.Connection]:
         """One write transaction; ``BEGIN IMMEDIATE`` takes the write lock up front, so read-then-update is atomic."""
-        with self._lock:
-            conn = self._require_open()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+        return self.db.transaction()
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> List[sqlite3.Row]:
-        with self._lock:
-            return self._require_open().execute(sql, tuple(params)).fetchall()
+        return self.db.query(sql, params)
 
     # ------------------------------------------------------------------ workers
 
@@ -278,9 +149,9 @@ class TaskTable:
         Raises:
             ProtocolError: 400 malformed arguments; 409 the id is registered with another role.
         """
-        _check_id(worker_id, "worker_id")
-        _check_id(role, "role")
-        info_json = _to_json(info, "info")
+        check_id(worker_id, "worker_id")
+        check_id(role, "role")
+        info_json = to_json(info, "info")
         now = self._clock()
         with self._transaction() as conn:
             row = conn.execute("SELECT role FROM workers WHERE worker_id=?", (worker_id,)).fetchone()
@@ -310,8 +181,8 @@ class TaskTable:
         Raises:
             ProtocolError: 404 unknown worker or lease; 403 a lease of another worker. Nothing is renewed then.
         """
-        _check_id(worker_id, "worker_id")
-        lease_ids = [_check_id(lease_id, "lease_ids") for lease_id in lease_ids]
+        check_id(worker_id, "worker_id")
+        lease_ids = [check_id(lease_id, "lease_ids") for lease_id in lease_ids]
         now = self._clock()
         renewed: Dict[str, float] = {}
         stale: List[str] = []
@@ -330,13 +201,13 @@ class TaskTable:
 
     def workers(self) -> List[Dict[str, Any]]:
         """Returns every registered worker's record, oldest registration first."""
-        return [_worker_dict(row) for row in self._query("SELECT * FROM workers ORDER BY registered_at, worker_id")]
+        return [worker_record(row) for row in self._query("SELECT * FROM workers ORDER BY registered_at, worker_id")]
 
     def _worker(self, conn: sqlite3.Connection, worker_id: str) -> Dict[str, Any]:
         row = conn.execute("SELECT * FROM workers WHERE worker_id=?", (worker_id,)).fetchone()
         if row is None:
             raise ProtocolError(404, f"unknown worker {worker_id!r}; register it first", field="worker_id")
-        return _worker_dict(row)
+        return worker_record(row)
 
     def _owned_lease(self, conn: sqlite3.Connection, lease_id: str, worker_id: str) -> sqlite3.Row:
         lease = self._lease_row(conn, lease_id)
@@ -358,7 +229,7 @@ class TaskTable:
         """Adds a pending task; adding the same id with the same kind and payload again is a no-op.
 
         Args:
-            kind: ``'collect'`` (for actors) or ``'learn'`` (for learners).
+            kind: ``'collect'`` (the only kind: ``TASK_KINDS``).
             payload: JSON task description (policy snapshot id, env cfg, ...).
             task_id: the caller's id for idempotent retries; a random one when None.
 
@@ -368,9 +239,9 @@ class TaskTable:
         Raises:
             ProtocolError: 400 malformed kind, id or payload; 409 the id exists with another kind or payload.
         """
-        _check_kind(kind)
-        task_id = uuid.uuid4().hex if task_id is None else _check_id(task_id, "task_id")
-        payload_json = _to_json(payload, "payload")
+        check_kind(kind)
+        task_id = uuid.uuid4().hex if task_id is None else check_id(task_id, "task_id")
+        payload_json = to_json(payload, "payload")
         now = self._clock()
         with self._transaction() as conn:
             row = conn.execute("SELECT kind, payload FROM tasks WHERE task_id=?", (task_id,)).fetchone()
@@ -389,7 +260,7 @@ class TaskTable:
 
         Args:
             worker_id: a registered worker.
-            kind: ``'collect'`` or ``'learn'``.
+            kind: ``'collect'``.
 
         Returns:
             The task (see :meth:`get_task`) with its fresh ``lease_id`` and ``deadline``; None when none is pending.
@@ -397,8 +268,8 @@ class TaskTable:
         Raises:
             ProtocolError: 400 unknown kind; 404 unknown worker.
         """
-        _check_kind(kind)
-        _check_id(worker_id, "worker_id")
+        check_kind(kind)
+        check_id(worker_id, "worker_id")
         now = self._clock()
         with self._transaction() as conn:
             self._worker(conn, worker_id)
@@ -418,7 +289,7 @@ class TaskTable:
                 "INSERT INTO leases VALUES (?, ?, ?, 'active', ?, ?, NULL)",
                 (lease_id, row["task_id"], worker_id, now, deadline),
             )
-            return _task_dict(self._task_row(conn, row["task_id"]))
+            return task_record(self._task_row(conn, row["task_id"]))
 
     def complete(self, task_id: str, lease_id: str, result: Dict[str, Any]) -> bool:
         """Records a task's result if ``lease_id`` is its current lease.
@@ -436,7 +307,7 @@ class TaskTable:
             ProtocolError: 400 malformed result or a lease of another task; 404 unknown task or lease; 409 the same
                 lease already completed the task with another result.
         """
-        result_json = _to_json(result, "result")
+        result_json = to_json(result, "result")
         now = self._clock()
         with self._transaction() as conn:
             lease = self._task_lease(conn, task_id, lease_id)
@@ -501,8 +372,8 @@ class TaskTable:
         Raises:
             ProtocolError: 404 unknown task.
         """
-        with self._lock:
-            return _task_dict(self._task_row(self._require_open(), task_id))
+        with self.db.lock:
+            return task_record(self._task_row(self.db.connection(), task_id))
 
     def lease_owner(self, lease_id: str) -> str:
         """Returns the worker a lease (current or stale) was handed to.
@@ -510,8 +381,8 @@ class TaskTable:
         Raises:
             ProtocolError: 404 unknown lease.
         """
-        with self._lock:
-            return str(self._lease_row(self._require_open(), lease_id)["worker_id"])
+        with self.db.lock:
+            return str(self._lease_row(self.db.connection(), lease_id)["worker_id"])
 
     def tasks(self, state: Optional[str] = None, kind: Optional[str] = None) -> List[Dict[str, Any]]:
         """Returns the tasks in ``state`` and of ``kind`` (None: any), oldest first.
@@ -522,12 +393,12 @@ class TaskTable:
         if state is not None and state not in TASK_STATES:
             raise ProtocolError(400, f"unknown task state {state!r}; expected one of {TASK_STATES}", field="state")
         if kind is not None:
-            _check_kind(kind)
+            check_kind(kind)
         rows = self._query(
             "SELECT * FROM tasks WHERE (?1 IS NULL OR state=?1) AND (?2 IS NULL OR kind=?2) ORDER BY num",
             (state, kind),
         )
-        return [_task_dict(row) for row in rows]
+        return [task_record(row) for row in rows]
 
     def counts(self) -> Dict[str, int]:
         """Returns the number of tasks in each state, zeros included."""
@@ -536,7 +407,7 @@ class TaskTable:
 
     def pending_count(self, kind: str) -> int:
         """Returns the number of pending tasks of ``kind``, for back-pressure (refuse new work with 429 above a cap)."""
-        _check_kind(kind)
+        check_kind(kind)
         return self._query("SELECT COUNT(*) FROM tasks WHERE kind=? AND state='pending'", (kind,))[0][0]
 
     def results(self, kind: str, since_seq: int = 0, limit: int = 1000) -> List[Dict[str, Any]]:
@@ -550,7 +421,7 @@ class TaskTable:
         Raises:
             ProtocolError: 400 unknown kind or a malformed ``since_seq``/``limit``.
         """
-        _check_kind(kind)
+        check_kind(kind)
         for name, value in (("since_seq", since_seq), ("limit", limit)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ProtocolError(400, f"'{name}' must be an int >= 0, got {value!r}", field=name)
@@ -565,14 +436,14 @@ class TaskTable:
     # ------------------------------------------------------------------ transitions (inside a transaction)
 
     def _task_row(self, conn: sqlite3.Connection, task_id: str) -> sqlite3.Row:
-        _check_id(task_id, "task_id")
+        check_id(task_id, "task_id")
         row = conn.execute("SELECT * FROM tasks WHERE task_id=?", (task_id,)).fetchone()
         if row is None:
             raise ProtocolError(404, f"unknown task {task_id!r}", field="task_id")
         return row
 
     def _lease_row(self, conn: sqlite3.Connection, lease_id: str) -> sqlite3.Row:
-        _check_id(lease_id, "lease_id")
+        check_id(lease_id, "lease_id")
         row = conn.execute("SELECT * FROM leases WHERE lease_id=?", (lease_id,)).fetchone()
         if row is None:
             raise ProtocolError(404, f"unknown lease {lease_id!r}", field="lease_id")

@@ -1,10 +1,15 @@
-"""What every worker role shares: finding the coordinator, registering, heartbeats, signed calls, logs, signals.
+"""What every parallel role shares: finding the coordinator, registering, heartbeats, signed calls, logs, signals.
 
-A worker (actor, learner, league manager, manager) talks to the coordinator through a ``WorkerLink``:
+A role process (actor, learner, league manager, manager) talks to the coordinator through a ``RoleLink``. Its id at
+the coordinator is its ``worker_id``: that name stays on the wire, in the task table's ``workers`` table and in the
+``--worker-id`` option, while "worker" elsewhere in nervex means ``nervex.worker`` (learner, actor, env managers) and an
+env manager's subprocess.
+
+The link:
 
 * the address comes from ``--url`` (a manager hands its children its own relay address), else
   ``<run_dir>/coordinator.url``, waited for while the coordinator starts;
-* ``register`` sends the protocol version and the config's hash (a mismatch is refused with 403 and the worker
+* ``register`` sends the protocol version and the config's hash (a mismatch is refused with 403 and the role
   exits with status 2: retrying cannot help);
 * a daemon thread heartbeats every ``heartbeat_s`` the coordinator asked for, renewing the leases the role holds;
 * ``call`` retries through a coordinator restart: when the address stops answering it re-reads
@@ -25,8 +30,8 @@ import uuid
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 from nervex.system.comm.auth import load_or_create_token
+from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.comm.http import Client
 from nervex.system.protocol import (
     HEARTBEAT_PATH,
     KEYED_PATHS,
@@ -37,11 +42,11 @@ from nervex.system.protocol import (
 )
 
 URL_WAIT_S = 120.0
-"""How long a worker waits for ``coordinator.url`` to appear before giving up."""
+"""How long a role waits for ``coordinator.url`` to appear before giving up."""
 
 
-class WorkerExit(Exception):
-    """The worker cannot go on (refused at registration, coordinator gone for good); ``code`` is its exit status."""
+class RoleExit(Exception):
+    """The role cannot go on (refused at registration, coordinator gone for good); ``code`` is its exit status."""
 
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
@@ -49,7 +54,7 @@ class WorkerExit(Exception):
 
 
 def default_worker_id(role: str, index: Optional[int] = None) -> str:
-    """``<role>[-<index>]-<host>-<pid>``: unique per process, so a restarted process is a new worker."""
+    """``<role>[-<index>]-<host>-<pid>``: unique per process, so a restarted process registers anew."""
     suffix = f"-{index}" if index is not None else ""
     return f"{role}{suffix}-{socket.gethostname()}-{os.getpid()}"
 
@@ -107,8 +112,8 @@ class StopFlag:
         self._previous.clear()
 
 
-class WorkerLink:
-    """A worker's signed connection to the coordinator (or to the manager relaying for it).
+class RoleLink:
+    """A role's signed connection to the coordinator (or to the manager relaying for it).
 
     Args:
         cfg: The compiled parallel config (its hash is sent at registration).
@@ -119,7 +124,7 @@ class WorkerLink:
         token: The run's secret; ``load_or_create_token(run_dir)`` if None.
         logger: Where events go.
         deadline_s: Deadline of one call (retries included) before the address is looked up again.
-        reconnect_s: How long calls keep retrying (re-reading ``coordinator.url``) before ``WorkerExit``.
+        reconnect_s: How long calls keep retrying (re-reading ``coordinator.url``) before ``RoleExit``.
         info: Free-form facts sent at registration (host, pid, index).
     """
 
@@ -165,7 +170,7 @@ class WorkerLink:
             if url:
                 return url
             if time.monotonic() > deadline:
-                raise WorkerExit(
+                raise RoleExit(
                     f"no coordinator: {os.path.join(self.run_dir, 'coordinator.url')} did not appear within "
                     f"{URL_WAIT_S:.0f} s; start nervex.system.coordinator_start with the same config and --run-dir",
                     code=2,
@@ -198,13 +203,13 @@ class WorkerLink:
         return self.stopping.is_set() or self.stop_requested()
 
     def call(self, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
-        """POST ``body`` (with this worker's id) to ``path``; retried through outages up to ``reconnect_s``.
+        """POST ``body`` (with this role's ``worker_id``) to ``path``; retried through outages up to ``reconnect_s``.
 
         A call to one of ``KEYED_PATHS`` also carries a ``request_id``: a retry is known as the same request.
 
         Raises:
             ProtocolError: the coordinator refused the request (4xx other than 429, 5xx other than 502-504).
-            WorkerExit: the coordinator stayed unreachable for ``reconnect_s``.
+            RoleExit: the coordinator stayed unreachable for ``reconnect_s``.
         """
         body = dict(body, worker_id=self.worker_id)
         if path in KEYED_PATHS:
@@ -217,11 +222,11 @@ class WorkerLink:
                 if error.status not in (502, 503, 504):
                     raise
                 if time.monotonic() > give_up:
-                    raise WorkerExit(f"coordinator unreachable for {self.reconnect_s:.0f} s: {error}") from None
+                    raise RoleExit(f"coordinator unreachable for {self.reconnect_s:.0f} s: {error}") from None
                 self.logger.warning("%s: %s; retrying", path, error)
                 self._refresh_url()
                 if self._giving_up() or self.stopping.wait(0.5) or self.stop_requested():
-                    raise WorkerExit("stopping while the coordinator is unreachable", code=0) from None
+                    raise RoleExit("stopping while the coordinator is unreachable", code=0) from None
                 continue
             if isinstance(response, dict) and response.get("stop"):
                 self.stopping.set()
@@ -231,20 +236,20 @@ class WorkerLink:
         """Register (idempotent); sets ``lease_s``/``heartbeat_s`` from the answer.
 
         Raises:
-            WorkerExit: code 2 when refused (another protocol or config, an unknown role).
+            RoleExit: code 2 when refused (another protocol or config, an unknown role).
         """
         body = {"role": self.role, "protocol": PROTOCOL_VERSION, "config_hash": self.config_hash, "info": self.info}
         try:
             answer = self.call(REGISTER_PATH, body)
         except ProtocolError as error:
-            raise WorkerExit(f"registration refused: {error}", code=2) from None
+            raise RoleExit(f"registration refused: {error}", code=2) from None
         self.lease_s = float(answer.get("lease_s", self.lease_s))
         self.heartbeat_s = float(answer.get("heartbeat_s", self.heartbeat_s))
         self.logger.info("registered %s %s with %s", self.role, self.worker_id, self.url)
         return answer
 
     def call_registered(self, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
-        """``call``, registering again once if the coordinator does not know this worker (a fresh task table)."""
+        """``call``, registering again once if the coordinator does not know this ``worker_id`` (a fresh task table)."""
         try:
             return self.call(path, body)
         except ProtocolError as error:
@@ -265,7 +270,7 @@ class WorkerLink:
         while not self._heartbeat_stop.wait(self.heartbeat_s):
             try:
                 answer = self.call_registered(HEARTBEAT_PATH, {"lease_ids": list(self._leases())})
-            except WorkerExit as error:
+            except RoleExit as error:
                 self.logger.error("heartbeat: %s", error)
                 self.stopping.set()
                 return
@@ -296,8 +301,8 @@ class WorkerLink:
 __all__ = [
     "StopFlag",
     "URL_WAIT_S",
-    "WorkerExit",
-    "WorkerLink",
+    "RoleExit",
+    "RoleLink",
     "close_role_logger",
     "default_worker_id",
     "role_logger",
