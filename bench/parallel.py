@@ -172,8 +172,8 @@ class Consumer(threading.Thread):
 
     def __init__(self, cfg: Any, run_dir: str) -> None:
         from nervex.system.comm.storage import Storage
-        from nervex.system.protocol import storage_root
         from nervex.system.role import RoleLink
+        from nervex.system.system_config import storage_root
 
         super().__init__(name="bench-consumer", daemon=True)
         self.link = RoleLink(cfg, run_dir, "learner", "bench-consumer")
@@ -209,7 +209,7 @@ class SerialCollector:
         import torch
 
         from nervex.entry.builder import make_actor, make_env_managers, make_policy
-        from nervex.system.protocol import collect_spec
+        from nervex.system.system_config import collect_spec
 
         if cfg.num_threads:
             torch.set_num_threads(int(cfg.num_threads))  # as the actor process does

@@ -188,7 +188,7 @@ def compile_parallel_config(cfg: Mapping[str, Any], source: Optional[str] = None
         ConfigError: as ``compile_config``, plus keys of ``system`` that contradict each other or the policy
             (``heartbeat_s >= lease_s``, ``n_sample`` for on-policy data, a hand-set ``system.collect`` value).
     """
-    from nervex.system.protocol import parallel_parts, resolve_collect  # the parallel mode's plain declarations
+    from nervex.system.system_config import parallel_parts, resolve_collect  # the parallel mode's plain declarations
 
     if is_compiled(cfg) and "system" in cfg:
         return cfg  # type: ignore[return-value]

@@ -44,15 +44,10 @@ from nervex.system.comm.auth import load_or_create_token
 from nervex.system.comm.codec import decode_state_dict, flatten_arrays
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
-from nervex.system.protocol import (
-    TASK_COMPLETE_PATH,
-    TASK_FAIL_PATH,
-    TASK_LEASE_PATH,
-    learning_starts,
-    storage_root,
-)
+from nervex.system.protocol import TASK_COMPLETE_PATH, TASK_FAIL_PATH, TASK_LEASE_PATH
 from nervex.system.role import RoleExit, RoleLink
 from nervex.system.samples import encode_samples
+from nervex.system.system_config import learning_starts, storage_root
 from nervex.worker.actor.slots import EpisodeResult
 
 MAX_IDLE_WAIT_S = 0.5

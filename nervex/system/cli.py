@@ -48,7 +48,7 @@ def load_config(prog: str, args: argparse.Namespace) -> Optional[Tuple[Any, str]
     """``(compiled config, run_dir)``, or None after printing the config error to stderr (exit with 2)."""
     from nervex.config import ConfigError, apply_overrides, read_config
     from nervex.entry.builder import compile_parallel_config
-    from nervex.system.protocol import default_run_dir
+    from nervex.system.system_config import default_run_dir
 
     try:
         cfg = compile_parallel_config(apply_overrides(read_config(args.config), args.overrides))

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def load_compiled_config(args: argparse.Namespace) -> Optional[Tuple[Any, str]]:
     """``(compiled config, run_dir)`` for ``--config`` and ``--set``, or None after printing the error (exit 2)."""
     from nervex.config import ConfigError, apply_overrides, read_config
-    from nervex.system.protocol import compile_coordinator_config, default_run_dir, is_parallel_compiled
+    from nervex.system.system_config import compile_coordinator_config, default_run_dir, is_parallel_compiled
 
     try:
         cfg = apply_overrides(read_config(args.config), args.overrides)

@@ -162,7 +162,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from nervex.config import ConfigError, apply_overrides, read_config, save_config, to_plain
     from nervex.entry.builder import compile_parallel_config
-    from nervex.system.protocol import default_run_dir
+    from nervex.system.system_config import default_run_dir
 
     try:
         cfg = compile_parallel_config(apply_overrides(read_config(args.config), args.overrides))

@@ -17,8 +17,9 @@ from nervex.entry.builder import compile_parallel_config
 from nervex.league import League
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
-from nervex.system.protocol import LEAGUE_UPDATE_PATH, storage_root
+from nervex.system.protocol import LEAGUE_UPDATE_PATH
 from nervex.system.role import RoleLink
+from nervex.system.system_config import storage_root
 
 LEAGUE_FILE = "league.sqlite"
 

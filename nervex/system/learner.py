@@ -36,13 +36,9 @@ from nervex.entry.builder import compile_parallel_config
 from nervex.policy import set_seed
 from nervex.system.comm.codec import encode_state_dict
 from nervex.system.comm.storage import Storage
-from nervex.system.protocol import (
-    DATA_POLL_PATH,
-    LEARNER_PROGRESS_PATH,
-    RUN_FINISH_PATH,
-    storage_root,
-)
+from nervex.system.protocol import DATA_POLL_PATH, LEARNER_PROGRESS_PATH, RUN_FINISH_PATH
 from nervex.system.role import RoleLink
+from nervex.system.system_config import storage_root
 from nervex.utils.log_helper import ScalarWriter
 from nervex.worker.learner.loop import LearnLoop
 

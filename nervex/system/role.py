@@ -32,14 +32,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 from nervex.system.comm.auth import load_or_create_token
 from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.protocol import (
-    HEARTBEAT_PATH,
-    KEYED_PATHS,
-    PROTOCOL_VERSION,
-    REGISTER_PATH,
-    config_hash,
-    read_coordinator_url,
-)
+from nervex.system.protocol import HEARTBEAT_PATH, KEYED_PATHS, PROTOCOL_VERSION, REGISTER_PATH, read_coordinator_url
+from nervex.system.system_config import config_hash
 
 URL_WAIT_S = 120.0
 """How long a role waits for ``coordinator.url`` to appear before giving up."""

@@ -36,8 +36,8 @@ for bad in ({"evaluater": {}}, {"evaluator": {"n_episod": 3}}, {"seed": -1}):
     except ConfigError as error:
         refused.append(str(error))
 
-# the parallel config: the same, with the system section's declarations (plain data in nervex.system.protocol)
-from nervex.system.protocol import SYSTEM_CONFIG, compile_coordinator_config, config_hash
+# the parallel config: the same, with the system section's declarations (plain data in nervex.system.system_config)
+from nervex.system.system_config import SYSTEM_CONFIG, compile_coordinator_config, config_hash
 dist_parts = ConfigParts(sections=dict(sections, system=SYSTEM_CONFIG), open_sections=["env", "policy", "replay_buffer"])
 dist = compile_config(read_config(sys.argv[2]), dist_parts)
 # the coordinator's reading of the run's config.yaml
@@ -55,7 +55,7 @@ def test_nervex_config_alone_compiles_shipped_configs_and_imports_no_runtime(tmp
     compiled_path = tmp_path / "config.yaml"
     entry_compiled = compile_parallel_config(read_config(CARTPOLE_DIST))
     save_config(entry_compiled, compiled_path)
-    from nervex.system.protocol import config_hash
+    from nervex.system.system_config import config_hash
 
     env = dict(os.environ, PYTHONPATH=ROOT)
     args = [sys.executable, "-c", CHILD, CARTPOLE, CARTPOLE_DIST, str(compiled_path)]
@@ -73,11 +73,11 @@ def test_nervex_config_alone_compiles_shipped_configs_and_imports_no_runtime(tmp
     assert out["hash"] == config_hash(entry_compiled)  # the coordinator's reading hashes as the entry's compile
     imported = [m for m in out["modules"] if any(m == r or m.startswith(r + ".") for r in RUNTIME)]
     assert imported == [], f"nervex.config / protocol imported runtime modules: {imported}"
-    assert "nervex.config" in out["modules"] and "nervex.system.protocol" in out["modules"]
+    assert "nervex.config" in out["modules"] and "nervex.system.system_config" in out["modules"]
 
 
 def test_import_nervex_config_imports_no_runtime_module():
-    code = "import sys, nervex.config, nervex.system.protocol; print(' '.join(sorted(sys.modules)))"
+    code = "import sys, nervex.config, nervex.system.protocol, nervex.system.system_config; print(' '.join(sorted(sys.modules)))"
     env = dict(os.environ, PYTHONPATH=ROOT)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -101,7 +101,7 @@ def test_the_entry_compile_is_config_parts_then_nervex_config():
 
 @pytest.mark.parametrize("path, absent", [(CARTPOLE, []), (CARTPOLE_PPO, ["replay_buffer"])])
 def test_config_parts_names_exactly_the_run_sections(path, absent):
-    from nervex.system.protocol import RUN_SECTIONS
+    from nervex.system.system_config import RUN_SECTIONS
 
     parts = config_parts(read_config(path))
     assert isinstance(parts, ConfigParts)

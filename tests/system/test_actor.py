@@ -23,7 +23,8 @@ from nervex.system.comm.client import Client
 from nervex.system.comm.codec import encode_state_dict
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
-from nervex.system.protocol import LEARNER_PROGRESS_PATH, PROTOCOL_VERSION, REGISTER_PATH, storage_root
+from nervex.system.protocol import LEARNER_PROGRESS_PATH, PROTOCOL_VERSION, REGISTER_PATH
+from nervex.system.system_config import storage_root
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CARTPOLE_DQN = REPO_ROOT / "app_zoo" / "classic_control" / "cartpole" / "config" / "cartpole_dqn.yaml"

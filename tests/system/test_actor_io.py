@@ -23,9 +23,10 @@ from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
-from nervex.system.protocol import TASK_COMPLETE_PATH, TASK_LEASE_PATH, storage_root
+from nervex.system.protocol import TASK_COMPLETE_PATH, TASK_LEASE_PATH
 from nervex.system.role import RoleExit
 from nervex.system.samples import decode_samples, encode_samples
+from nervex.system.system_config import storage_root
 
 from .test_bad_input import TOKEN, make_cfg, register_body
 

@@ -52,12 +52,11 @@ from nervex.system.protocol import (
     TASK_COMPLETE_PATH,
     TASK_FAIL_PATH,
     TASK_LEASE_PATH,
-    config_hash,
     read_coordinator_url,
-    storage_root,
 )
 from nervex.system.role import RoleExit, RoleLink
 from nervex.system.samples import SAMPLES_KEY, encode_samples
+from nervex.system.system_config import config_hash, storage_root
 
 from .test_coordinator import refusal
 
@@ -566,7 +565,7 @@ def test_an_on_policy_learner_skips_rollouts_it_cannot_train_on_and_keeps_traini
     before and after the first real rollout, and the real ones are trained on."""
     from nervex.entry.builder import make_actor, make_env_managers, make_policy
     from nervex.system.learner import LearnerRole
-    from nervex.system.protocol import collect_spec
+    from nervex.system.system_config import collect_spec
 
     raw = read_config(REPO_ROOT / "app_zoo" / "classic_control" / "cartpole" / "config" / "cartpole_ppo.yaml")
     raw.env.collector_env_num = 1

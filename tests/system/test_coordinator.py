@@ -43,10 +43,9 @@ from nervex.system.protocol import (
     TASK_COMPLETE_PATH,
     TASK_FAIL_PATH,
     TASK_LEASE_PATH,
-    config_hash,
     read_coordinator_url,
-    storage_root,
 )
+from nervex.system.system_config import config_hash, storage_root
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CARTPOLE_DQN = REPO_ROOT / "app_zoo" / "classic_control" / "cartpole" / "config" / "cartpole_dqn.yaml"

@@ -26,10 +26,9 @@ from nervex.system.protocol import (
     REGISTER_PATH,
     TASK_COMPLETE_PATH,
     TASK_LEASE_PATH,
-    compile_coordinator_config,
-    config_hash,
     read_coordinator_url,
 )
+from nervex.system.system_config import compile_coordinator_config, config_hash
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DIST = REPO_ROOT / "app_zoo" / "classic_control" / "cartpole" / "dist"

@@ -20,8 +20,9 @@ from nervex.entry import DefaultCallbacks, SerialTrainer, compile_parallel_confi
 from nervex.system.comm.client import Client
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import Coordinator
-from nervex.system.protocol import PROTOCOL_VERSION, REGISTER_PATH, TASK_COMPLETE_PATH, TASK_LEASE_PATH, storage_root
+from nervex.system.protocol import PROTOCOL_VERSION, REGISTER_PATH, TASK_COMPLETE_PATH, TASK_LEASE_PATH
 from nervex.system.samples import encode_samples
+from nervex.system.system_config import storage_root
 
 TOKEN = secrets.token_bytes(32)
 ENV = {"env_type": "cartpole", "manager_type": "base", "collector_env_num": 2, "evaluator_env_num": 1}

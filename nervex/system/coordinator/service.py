@@ -42,14 +42,8 @@ from nervex.system.coordinator.run_state import RunState
 from nervex.system.coordinator.snapshots import SnapshotSource
 from nervex.system.coordinator.state import CoordinatorState
 from nervex.system.coordinator.task_table import TaskTable
-from nervex.system.protocol import (
-    COORDINATOR_CONFIG,
-    compile_coordinator_config,
-    config_hash,
-    read_coordinator_url,
-    storage_root,
-    write_coordinator_url,
-)
+from nervex.system.protocol import read_coordinator_url, write_coordinator_url
+from nervex.system.system_config import COORDINATOR_CONFIG, compile_coordinator_config, config_hash, storage_root
 
 TABLE_FILE = "coordinator.sqlite"
 STATE_FILE = "coordinator_state.sqlite"

@@ -27,7 +27,8 @@ from nervex.system.coordinator.snapshots import (
     SnapshotSource,
 )
 from nervex.system.coordinator.task_table import TaskTable
-from nervex.system.protocol import PROTOCOL_VERSION, collect_spec, learning_starts
+from nervex.system.protocol import PROTOCOL_VERSION
+from nervex.system.system_config import collect_spec, learning_starts
 
 SWEEP_S = 30.0
 """The longest period between two sweeps of orphaned payload files (``CoordinatorState.sweep``; every ``lease_s`` if
