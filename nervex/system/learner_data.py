@@ -83,6 +83,8 @@ class DataIntake:
         self.counters: Dict[str, int] = {"results": 0, "dropped_stale": 0, "missing": 0, "bad_data": 0}
         self.episode_returns: Deque[float] = deque(maxlen=EPISODE_WINDOW)
         self.episode_lens: Deque[int] = deque(maxlen=EPISODE_WINDOW)
+        self.episode_outcomes: Deque[int] = deque(maxlen=EPISODE_WINDOW)  # games: the learning slot's -1/0/1
+        self.outcome_counts: Dict[int, int] = {1: 0, 0: 0, -1: 0}  # every game reported since the learner started
         self._rollout_layout: Optional[Layout] = None  # (on-policy) what was trained on
 
     def needs_data(self) -> bool:
@@ -100,11 +102,16 @@ class DataIntake:
         return steps
 
     def figures(self) -> Dict[str, float]:
-        """``data/<counter>``, and ``rollout/ep_rew_mean`` / ``rollout/ep_len_mean`` over the last episodes."""
+        """``data/<counter>``, and ``rollout/ep_rew_mean`` / ``rollout/ep_len_mean`` over the last episodes; for
+        games, ``rollout/win_rate`` over them and ``rollout/wins``/``draws``/``losses`` (as the serial actor's)."""
         figures = {f"data/{k}": float(v) for k, v in self.counters.items()}
         if self.episode_returns:
             figures["rollout/ep_rew_mean"] = float(np.mean(self.episode_returns))
             figures["rollout/ep_len_mean"] = float(np.mean(self.episode_lens))
+        if self.episode_outcomes:
+            figures["rollout/win_rate"] = float(np.mean([o == 1 for o in self.episode_outcomes]))
+            for outcome, name in ((1, "wins"), (0, "draws"), (-1, "losses")):
+                figures[f"rollout/{name}"] = float(self.outcome_counts[outcome])
         return figures
 
     # ---- ingestion -----------------------------------------------------------------------------------------------
@@ -124,6 +131,9 @@ class DataIntake:
             for episode in result.get("episodes", []):
                 self.episode_returns.append(float(episode["return"]))
                 self.episode_lens.append(int(episode["length"]))
+                if episode.get("outcome") is not None:  # validated at the coordinator: -1, 0 or 1
+                    self.episode_outcomes.append(int(episode["outcome"]))
+                    self.outcome_counts[int(episode["outcome"])] += 1
             if samples is None or not (self._trained if self.on_policy else self._stored)(samples, task_id):
                 continue
             count += 1

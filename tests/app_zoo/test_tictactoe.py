@@ -24,8 +24,8 @@ from nervex.policy import CollectSpec
 pytest.importorskip("pettingzoo")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG = REPO_ROOT / "app_zoo" / "games" / "config" / "tictactoe_dqn.yaml"
-DIST_CONFIG = REPO_ROOT / "app_zoo" / "games" / "dist" / "tictactoe_dqn_dist.yaml"
+CONFIG = REPO_ROOT / "app_zoo" / "games" / "tictactoe" / "config" / "tictactoe_dqn.yaml"
+DIST_CONFIG = REPO_ROOT / "app_zoo" / "games" / "tictactoe" / "dist" / "tictactoe_dqn_dist.yaml"
 EVAL_GAMES = 200
 EVAL_SEED = 12345  # games no training run saw (evaluator envs: seed + 100000 + i)
 

@@ -187,7 +187,7 @@ def test_the_actor_seats_a_tasks_opponent_and_reports_outcomes(tmp_path):
     pytest.importorskip("pettingzoo")
     from nervex.system.actor import ActorRole
 
-    cfg = read_config(REPO_ROOT / "app_zoo" / "games" / "dist" / "tictactoe_dqn_dist.yaml")
+    cfg = read_config(REPO_ROOT / "app_zoo" / "games" / "tictactoe" / "dist" / "tictactoe_dqn_dist.yaml")
     cfg.env.collector_env_num = 2
     cfg.system.coordinator.tick_s = 3600.0
     cfg = compile_parallel_config(cfg)

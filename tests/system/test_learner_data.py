@@ -1,0 +1,48 @@
+"""``DataIntake``: what the parallel learner counts of the polled results, whatever their samples files hold."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+from nervex.policy import CollectSpec, LearnSpec
+from nervex.system.comm.storage import Storage
+from nervex.system.learner_data import DataIntake
+
+MISSING = "samples/" + "0" * 64 + ".safetensors"
+
+
+def make_intake(tmp_path) -> DataIntake:
+    """An off-policy intake over a real (empty) storage path; its loop holds only the counters it reads and moves."""
+    contract = SimpleNamespace(
+        on_policy=False,
+        learn=LearnSpec(batch_size=4, update_per_collect=1, learning_starts=0),
+        collect=CollectSpec("sample", 8),
+    )
+    loop = SimpleNamespace(contract=contract, train_iter=0, env_step=0)
+    storage = Storage(str(tmp_path / "storage"), min_free_bytes=0)
+    return DataIntake(loop, storage, None, logging.getLogger("test_learner_data"))  # type: ignore[arg-type]
+
+
+def test_game_outcomes_are_counted_exactly_even_when_the_samples_are_gone(tmp_path):
+    intake = make_intake(tmp_path)
+    outcomes = [[1, 1, 0], [-1], [1, None]]  # None: an episode without an outcome (not a game) counts in no column
+    items = [
+        {
+            "seq": seq + 1,
+            "task_id": f"t{seq}",
+            "result": {
+                "data": MISSING,
+                "env_steps": 8,
+                "policy_iter": 0,
+                "episodes": [{"return": float(o or 0), "length": 5, "outcome": o} for o in task],
+            },
+        }
+        for seq, task in enumerate(outcomes)
+    ]
+    assert intake.ingest(items) == 0  # no samples file: nothing stored, each counted missing
+    figures = intake.figures()
+    assert (figures["rollout/wins"], figures["rollout/draws"], figures["rollout/losses"]) == (3.0, 1.0, 1.0)
+    assert figures["rollout/win_rate"] == 3 / 5
+    assert figures["data/missing"] == 3.0 and intake.loop.env_step == 24 and intake.seq == 3
+    assert figures["rollout/ep_rew_mean"] == (1 + 1 + 0 - 1 + 1 + 0) / 6
