@@ -184,7 +184,9 @@ class SACPolicy(CommonPolicy):
 # ---- SAC's update steps (nervex/policy/update_steps.py; shared ones in off_policy_ac.py) ---------------------------
 def squashed_gaussian(output: Mapping[str, torch.Tensor], bounds: SquashBounds) -> TanhGaussianDist:
     """The policy's distribution from the actor's ``{'mu', 'sigma', 'log_sigma'}``, squashed into ``bounds``."""
-    return TanhGaussianDist(output["mu"], output["sigma"], bounds, validate_args=False, log_sigma=output["log_sigma"])
+    return TanhGaussianDist(
+        output["mu"], output["sigma"], bounds, validate_args=False, log_sigma=output.get("log_sigma")
+    )
 
 
 @dataclass
