@@ -73,14 +73,10 @@ class UpdateStep(Generic[P, R]):
 
 
 def update_step(reference: Callable[P, R]) -> UpdateStep[P, R]:
-    """Mark ``reference`` (autograd code, first argument the step's parts) as a step of an update.
-
-    Raises:
-        ValueError: another step has the same module and name.
-    """
+    """Mark ``reference`` (autograd code, first argument the step's parts) as a step of an update (a module-level
+    function: the step is not a descriptor, so not a method). A module defined again (``importlib.reload``) replaces
+    its steps in :func:`equivalents`' list, without their equivalents until those register again."""
     step = UpdateStep(reference)
-    if step.name in _STEPS:
-        raise ValueError(f"update_step: a step named {step.name} exists already; give this one another name")
     _STEPS[step.name] = step
     return step
 
