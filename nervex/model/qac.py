@@ -61,7 +61,8 @@ class BatchedCritics(nn.Module):
             bound = 1.0 / math.sqrt(fan_in)
             self.weights.append(nn.Parameter(torch.empty(num, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(num, 1, fan_out).uniform_(-bound, bound)))
-        self._params_watch = ModuleWatch([self])  # see layer_params
+        # see layer_params: it reads the two ParameterLists and their parameters
+        self._params_watch = ModuleWatch([self], slots=("_parameters", "_modules"))
         self._params: Tuple[List[nn.Parameter], List[nn.Parameter]] = ([], [])
 
     def layer_params(self) -> Tuple[List[nn.Parameter], List[nn.Parameter]]:

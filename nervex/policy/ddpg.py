@@ -65,7 +65,7 @@ class DDPGPolicy(CommonPolicy):
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
         self._priority = bool(self._cfg.priority)
-        self._ac = actor_critic_learn(self._model, self._cfg.learn)
+        self._ac = actor_critic_learn(self._model, self._cfg)
         # the learn state (checkpoint keys 'actor_optimizer', 'critic_optimizer', 'learn_agent')
         self._actor_optimizer, self._critic_optimizer = self._ac.actor_optimizer, self._ac.critic_optimizer
         self._learn_agent = self._ac.agent

@@ -66,31 +66,39 @@ def _gradient_hooks(tensors: Sequence[torch.Tensor]) -> bool:
 _STRUCTURE: weakref.WeakKeyDictionary[torch.nn.Module, Tuple[Any, Any, Any, Any, bool]] = weakref.WeakKeyDictionary()
 
 
-def _structure_ok(model: torch.nn.Module) -> bool:
+def _structure_ok(model: torch.nn.Module, actor: Any, critic: Any) -> bool:
     """Whether ``model`` is a ``QAC`` (methods not overridden) whose actor is an ``MLP`` that runs fused and whose
-    critics are ``BatchedCritics`` with a fused activation."""
-    actor, critic = getattr(model, "actor", None), getattr(model, "critic", None)
-    key = (actor, critic, getattr(actor, "_fused", None), getattr(critic, "activation_name", None))
+    critics are ``BatchedCritics`` with a fused activation (asked on every step: the checks are cached)."""
+    plan, activation = getattr(actor, "_fused", None), getattr(critic, "activation_name", None)
     cached = _STRUCTURE.get(model)
-    if cached is not None and all(a is b for a, b in zip(cached, key)):
-        return cached[-1]
+    if (
+        cached is not None
+        and cached[0] is actor
+        and cached[1] is critic
+        and cached[2] is plan
+        and cached[3] is activation
+    ):
+        return cached[4]
     ok = bool(
         _stock_methods(model, QAC, QAC_METHODS)
         and _stock_methods(actor, MLP, ("forward", "fused_params"))
         and actor.fused_params() is not None
         and _stock_methods(critic, BatchedCritics, ("forward", "layer_params"))
-        and critic.activation_name in FUSED_ACTIVATIONS
+        and activation in FUSED_ACTIVATIONS
     )
-    _STRUCTURE[model] = (*key, ok)
+    _STRUCTURE[model] = (actor, critic, plan, activation, ok)
     return ok
 
 
 def qac_fused_ok(model: torch.nn.Module) -> bool:
     """Whether the hand-written forward computes what ``model``'s own does: the stock ``QAC`` structure (see
     ``fused_update_ok``) and no forward or backward hooks on the model, its actor or its critics."""
-    if not _structure_ok(model):
+    # the submodules straight from nn.Module's storage: attribute access through Module.__getattr__ costs ~1 us each
+    submodules = model._modules
+    actor, critic = submodules.get("actor"), submodules.get("critic")
+    if not _structure_ok(model, actor, critic):
         return False
-    return not (_module_hooks(model) or _module_hooks(model.actor) or _module_hooks(model.critic))
+    return not (_module_hooks(model) or _module_hooks(actor) or _module_hooks(critic))
 
 
 def fused_update_ok(model: torch.nn.Module, tensors: Sequence[torch.Tensor]) -> bool:
@@ -155,6 +163,7 @@ class _CriticPass:
     q: torch.Tensor  # (num, B)
     outputs: List[torch.Tensor]
     weights: List[torch.Tensor]
+    biases: List[torch.Tensor]
     num: int
 
 
@@ -167,7 +176,7 @@ def _critics_forward(model: QAC, x: torch.Tensor, num: Optional[int] = None) -> 
     elif num < critic.num:
         weights, biases = [w[:num] for w in weights], [b[:num] for b in biases]
     outputs, out = batched_layers_forward(x.expand(num, *x.shape), critic.activation_name, weights, biases)
-    return _CriticPass(out.squeeze(-1), outputs, weights, num)
+    return _CriticPass(out.squeeze(-1), outputs, weights, biases, num)
 
 
 # ---- evaluations without a gradient (targets) -----------------------------------------------------------------------
@@ -205,16 +214,17 @@ def fused_critic_step(
     action: torch.Tensor,
     target: torch.Tensor,
     weight: Optional[torch.Tensor],
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``critic_step``: ``critic_loss``'s value, TD error and gradient by hand, then the critics' optimizer step."""
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """``critic_step``: ``critic_loss``'s value, TD error (when ``ac.priority``) and gradient by hand, then the
+    critics' optimizer step."""
     model = ac.model
-    weights, biases = model.critic.layer_params()
     with torch.no_grad():
         run = _critics_forward(model, model.critic_input(obs, action))
+        weights, biases = run.weights, run.biases
         q = run.q
         error = target - q  # (N, B), as critic_loss
         loss = weighted_mean(0.5 * error.square().sum(0), weight)
-        td_error = error.abs().mean(0)
+        td_error = error.abs().mean(0) if ac.priority else None
         # d loss / d q_ib = -(target_b - q_ib) w_b / B
         grad_q = error.mul_(-1.0 / q.shape[1] if weight is None else -_loss_weight(weight, q.shape[1], q))
         every = [True] * len(weights)

@@ -186,6 +186,7 @@ class ActorCriticLearn:
         actor_optimizer, critic_optimizer: Adam over the actor's and the critics' parameters.
         actor_params, critic_params: The tensors each optimizer trains.
         use_equivalents: ``policy.learn.fused_update``: registered equivalents may run (``update_steps``).
+        priority: ``policy.priority``: the critic step's TD errors are read (an equivalent may skip them otherwise).
     """
 
     model: torch.nn.Module
@@ -195,11 +196,14 @@ class ActorCriticLearn:
     actor_params: List[torch.Tensor]
     critic_params: List[torch.Tensor]
     use_equivalents: bool
+    priority: bool
 
 
-def actor_critic_learn(model: torch.nn.Module, learn: Mapping[str, Any]) -> ActorCriticLearn:
-    """The parts of a QAC's update from ``policy.learn``: Adam for the actor and the critics (``learning_rate``,
-    ``grad_clip``), a learner agent with a Polyak target (``target_theta``), the ``fused_update`` switch."""
+def actor_critic_learn(model: torch.nn.Module, cfg: Mapping[str, Any]) -> ActorCriticLearn:
+    """The parts of a QAC's update from the ``policy`` section: Adam for the actor and the critics
+    (``learn.learning_rate``, ``learn.grad_clip``), a learner agent with a Polyak target (``learn.target_theta``), the
+    ``learn.fused_update`` switch and ``priority``."""
+    learn = cfg["learn"]
     actor_params, critic_params = list(model.actor.parameters()), list(model.critic.parameters())
     return ActorCriticLearn(
         model=model,
@@ -209,6 +213,7 @@ def actor_critic_learn(model: torch.nn.Module, learn: Mapping[str, Any]) -> Acto
         actor_params=actor_params,
         critic_params=critic_params,
         use_equivalents=bool(learn["fused_update"]),
+        priority=bool(cfg["priority"]),
     )
 
 
@@ -246,12 +251,13 @@ def critic_step(
     action: torch.Tensor,
     target: torch.Tensor,
     weight: Optional[torch.Tensor],
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """Critic loss: every ``Q_i(s, a)`` of the stored actions regressed on the target,
     ``sum_i 0.5 * mean_b w_b (Q_i(s_b, a_b) - y_b)^2``, one step of the critics' optimizer.
 
     Returns:
-        ``(loss, td_error, q)``, detached: ``td_error = mean_i |y - Q_i|`` per sample (replay priorities).
+        ``(loss, td_error, q)``, detached: ``td_error = mean_i |y - Q_i|`` per sample (replay priorities; an
+        equivalent may return None for it unless ``ac.priority``).
 
     Shapes:
         - obs: :math:`(B, *obs_shape)`; action: :math:`(B, A)`; target, weight, td_error: :math:`(B,)`

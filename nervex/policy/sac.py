@@ -95,7 +95,7 @@ class SACPolicy(CommonPolicy):
         self._nstep = int(self._cfg.nstep)
         self._priority = bool(self._cfg.priority)
         self._auto_alpha = bool(learn.auto_alpha)
-        self._ac = actor_critic_learn(model, learn)
+        self._ac = actor_critic_learn(model, self._cfg)
         # the learn state (checkpoint keys 'actor_optimizer', 'critic_optimizer', 'alpha_optimizer', 'learn_agent')
         self._actor_optimizer, self._critic_optimizer = self._ac.actor_optimizer, self._ac.critic_optimizer
         self._learn_agent = self._ac.agent

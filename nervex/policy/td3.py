@@ -75,7 +75,7 @@ class TD3Policy(CommonPolicy):
         scale = self._model.action_scale
         self._smoothing_sigma = float(learn.target_policy_noise) * scale
         self._smoothing_clip = float(learn.noise_clip) * scale
-        self._ac = actor_critic_learn(self._model, learn)
+        self._ac = actor_critic_learn(self._model, self._cfg)
         # the learn state (checkpoint keys 'actor_optimizer', 'critic_optimizer', 'learn_agent')
         self._actor_optimizer, self._critic_optimizer = self._ac.actor_optimizer, self._ac.critic_optimizer
         self._learn_agent = self._ac.agent

@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Sequence, ValuesView
 
 import torch.nn as nn
 
+SLOTS = ("_parameters", "_buffers", "_modules")  # where nn.Module keeps what it holds
+
 
 class ModuleWatch:
     """Tells whether any parameter, buffer or submodule of some modules was put in place of another.
@@ -24,6 +26,7 @@ class ModuleWatch:
     Args:
         modules: The modules to watch.
         recurse: Watch their submodules too (every module ``modules()`` reaches); False: only their own slots.
+        slots: Which of each module's slots to watch (a cache that reads only parameters watches ``_parameters``).
 
     Example:
         >>> watch = ModuleWatch([layer])
@@ -31,9 +34,13 @@ class ModuleWatch:
         ...     cached = [layer.weight, layer.bias]
     """
 
-    def __init__(self, modules: Sequence[nn.Module], recurse: bool = True) -> None:
+    def __init__(self, modules: Sequence[nn.Module], recurse: bool = True, slots: Sequence[str] = SLOTS) -> None:
+        unknown = [slot for slot in slots if slot not in SLOTS]
+        if unknown:
+            raise ValueError(f"ModuleWatch: unknown slots {unknown}; choose among {SLOTS}")
         self._modules = list(modules)
         self._recurse = recurse
+        self._slot_names = tuple(slots)
         self._slots: List[ValuesView[Any]] = []
         self._held: List[Any] = []  # the objects in the slots when last read (kept alive: identity stays meaningful)
         self._read = False
@@ -47,14 +54,14 @@ class ModuleWatch:
                 return False
         modules = [m for root in self._modules for m in (root.modules() if self._recurse else (root,))]
         # the dicts are nn.Module's own storage; their live views follow every later assignment
-        self._slots = [d.values() for m in modules for d in (m._parameters, m._buffers, m._modules)]
+        self._slots = [getattr(m, slot).values() for m in modules for slot in self._slot_names]
         self._held = list(chain.from_iterable(self._slots))
         self._read = True
         return True
 
     def __getstate__(self) -> Dict[str, Any]:
         # a copy (``copy.deepcopy`` of a model that holds a watch) watches the copied modules, read afresh
-        return {"modules": self._modules, "recurse": self._recurse}
+        return {"modules": self._modules, "recurse": self._recurse, "slots": self._slot_names}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["modules"], state["recurse"])
+        self.__init__(state["modules"], state["recurse"], state["slots"])

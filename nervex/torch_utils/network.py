@@ -147,7 +147,8 @@ class MLP(nn.Module):
             self._fused = [
                 (block[0], activation) if isinstance(block, nn.Sequential) else (block, None) for block in layers
             ]
-        self._params_watch = ModuleWatch([linear for linear, _ in self._fused or []])  # see fused_params
+        # see fused_params: it reads the planned layers' weights and biases
+        self._params_watch = ModuleWatch([linear for linear, _ in self._fused or []], False, ("_parameters",))
 
     def fused_params(self) -> Optional[Tuple[Tuple[Optional[str], ...], List[torch.Tensor]]]:
         """``((activation per layer), [weight, bias, ...])`` when the MLP runs fused (``relu`` or ``tanh``, no
