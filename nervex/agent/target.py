@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from nervex.torch_utils.registration import registration_count
+from nervex.torch_utils.module_watch import ModuleWatch
 
 UPDATE_KWARGS = {"assign": ("freq",), "momentum": ("theta",)}
 
@@ -66,7 +66,7 @@ class TargetUpdater:
         self.update_count = 0
         self._pairs: Optional[Tuple[List[torch.Tensor], List[torch.Tensor], List[Tuple[torch.Tensor, torch.Tensor]]]]
         self._pairs = None
-        self._pairs_key = -1
+        self._pairs_watch = ModuleWatch([target, main])
 
     def update(self, source_state: Optional[Dict[str, Any]] = None) -> bool:
         """Apply one update step.
@@ -106,9 +106,9 @@ class TargetUpdater:
     def _paired_values(self) -> Tuple[List[torch.Tensor], List[torch.Tensor], List[Tuple[torch.Tensor, torch.Tensor]]]:
         """``(float targets, their mains, other (target, main) pairs)``, collected once and reused while the models
         keep the same tensors: walking two module trees on every Polyak step costs more than the averaging itself
-        for small nets. ``load_state_dict`` and ``.to()`` keep the tensor objects; registering or assigning a
-        parameter, buffer or submodule on any module makes the next update walk the trees again."""
-        if self._pairs is None or self._pairs_key != registration_count():
+        for small nets. ``load_state_dict`` and ``.to()`` keep the tensor objects; replacing a parameter, buffer or
+        submodule of either model makes the next update walk the trees again (``ModuleWatch``)."""
+        if self._pairs_watch.replaced() or self._pairs is None:
             # parameters() / buffers() skip duplicates, so a tied weight is averaged once, not twice
             target_values = [*self.target.parameters(), *self.target.buffers()]
             main_values = [*self.main.parameters(), *self.main.buffers()]
@@ -119,5 +119,4 @@ class TargetUpdater:
             floats = [(t, m) for t, m in zip(target_values, main_values) if t.is_floating_point()]
             others = [(t, m) for t, m in zip(target_values, main_values) if not t.is_floating_point()]
             self._pairs = ([t for t, _ in floats], [m for _, m in floats], others)
-            self._pairs_key = registration_count()
         return self._pairs

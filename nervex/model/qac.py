@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from nervex.torch_utils import MLP, get_activation
 from nervex.torch_utils.fused_mlp import FUSED_ACTIVATIONS, batched_mlps_forward
-from nervex.torch_utils.registration import registration_count
+from nervex.torch_utils.module_watch import ModuleWatch
 from nervex.utils import MODEL_REGISTRY
 
 from .discrete_net import _as_shape, _check_trailing_shape
@@ -61,15 +61,15 @@ class BatchedCritics(nn.Module):
             bound = 1.0 / math.sqrt(fan_in)
             self.weights.append(nn.Parameter(torch.empty(num, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(num, 1, fan_out).uniform_(-bound, bound)))
-        self._params_key = -1  # see layer_params
+        # see layer_params: it reads the two ParameterLists and their parameters
+        self._params_watch = ModuleWatch([self], slots=("_parameters", "_modules"))
         self._params: Tuple[List[nn.Parameter], List[nn.Parameter]] = ([], [])
 
     def layer_params(self) -> Tuple[List[nn.Parameter], List[nn.Parameter]]:
         """``(weights, biases)``, one stacked tensor per layer, as lists (cached: iterating an ``nn.ParameterList``
-        costs ~10 us per call)."""
-        if self._params_key != registration_count():
+        costs ~10 us per call; re-read when a tensor of this module was replaced)."""
+        if self._params_watch.replaced():
             self._params = (list(self.weights), list(self.biases))
-            self._params_key = registration_count()
         return self._params
 
     def forward(self, x: torch.Tensor, first: Optional[int] = None, param_grad: bool = True) -> torch.Tensor:

@@ -1,5 +1,7 @@
 """Policies: the base classes, the training contract, the registry and one file per algorithm."""
 
+# registers the fused CPU equivalents of DDPG's, TD3's and SAC's update steps (see update_steps)
+from . import fused_ac  # noqa: F401
 from .a2c import A2CPolicy
 from .base_policy import (
     CollectMode,

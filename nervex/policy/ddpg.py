@@ -7,23 +7,26 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 
 from nervex.config import merge_defaults
-from nervex.rl_utils import ddpg_critic_target
-from nervex.torch_utils import trained_tensors
+from nervex.rl_utils import ddpg_critic_target, deterministic_actor_loss
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
-from .fused_ac import critic_update, deterministic_actor_update, fused_update_ok, qac_forward
 from .off_policy_ac import (
     AC_CONFIG,
     NOISE_CONFIG,
+    ActorCriticLearn,
     DeterministicActing,
-    actor_critic_optimizers,
+    actor_critic_learn,
+    actor_output,
     build_qac,
     check_critic_num,
+    critic_step,
+    critic_values,
     host_figures,
+    minimize,
     nstep_terms,
-    polyak_agent,
 )
+from .update_steps import update_step
 
 
 class DDPGPolicy(CommonPolicy):
@@ -59,38 +62,33 @@ class DDPGPolicy(CommonPolicy):
 
     # ---- learn -----------------------------------------------------------------------------------------------
     def _init_learn(self) -> None:
-        learn = self._cfg.learn
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
         self._priority = bool(self._cfg.priority)
-        self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
-        self._learn_agent = polyak_agent(self._model, learn.target_theta)
-        self._fused_update = bool(learn.fused_update)
-        self._trained = trained_tensors(self._actor_optimizer, self._critic_optimizer)
+        self._ac = actor_critic_learn(self._model, self._cfg)
+        # the learn state (checkpoint keys 'actor_optimizer', 'critic_optimizer', 'learn_agent')
+        self._actor_optimizer, self._critic_optimizer = self._ac.actor_optimizer, self._ac.critic_optimizer
+        self._learn_agent = self._ac.agent
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        agent, model = self._learn_agent, self._model
+        ac = self._ac
+        obs, action, next_obs = data["obs"], data["action"], data["next_obs"]
         reward, terminated, value_gamma = nstep_terms(data)
         weight = data.get("weight") if self._priority else None
-        obs, next_obs = data["obs"], data["next_obs"]
-        fused = self._fused_update and fused_update_ok(model, self._trained)
-        # critic: regress Q(s, a) on the target actor-critic's n-step value
+        # critic target: y = sum_k gamma^k r_k + gamma^n (1 - terminated) Q'(s', mu'(s')), the target actor-critic's
         with torch.no_grad():
-            next_action = qac_forward(agent, "target", next_obs, "compute_actor", fused)["action"]
-            pair = {"obs": next_obs, "action": next_action}
-            target_q = qac_forward(agent, "target", pair, "compute_critic", fused)["q"]
+            next_action = actor_output(ac, "target", next_obs)["action"]
+            target_q = critic_values(ac, "target", next_obs, next_action)
             target = ddpg_critic_target(target_q, reward, terminated, self._gamma, self._nstep, value_gamma)
-        loss_critic, td_error, q = critic_update(
-            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused, self._priority
-        )
-        # actor: climb the (updated) critic's value of its own action
-        loss_actor = deterministic_actor_update(
-            agent, model, self._actor_optimizer, self._actor_params, obs, weight, fused
-        )
-        agent.target_update()
+        # critic loss: Q(s, a) regressed on y
+        loss_critic, td_error, q = critic_step(ac, obs, action, target, weight)
+        # actor loss: -Q(s, mu(s)) through the updated critic
+        loss_actor = deterministic_actor_step(ac, obs, weight)
+        # target update: Polyak averaging of the actor and the critic
+        ac.agent.target_update()
         info: Dict[str, Any] = host_figures(critic_loss=loss_critic, actor_loss=loss_actor, q_value=q.mean())
         info.update(
-            cur_lr=self._critic_optimizer.param_groups[0]["lr"], total_loss=info["critic_loss"] + info["actor_loss"]
+            cur_lr=ac.critic_optimizer.param_groups[0]["lr"], total_loss=info["critic_loss"] + info["actor_loss"]
         )
         if self._priority:
             info["priority"] = td_error.cpu().numpy()
@@ -114,6 +112,21 @@ class DDPGPolicy(CommonPolicy):
 
     def _forward_eval(self, data_id: List[int], data: Any) -> Output:
         return self._acting.evaluate(data)
+
+
+@update_step
+def deterministic_actor_step(ac: ActorCriticLearn, obs: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
+    """Actor loss of DDPG and TD3: ``-mean_b w_b Q_1(s_b, mu(s_b))``, the first critic only (TD3's and SB3's
+    choice), one step of the actor's optimizer; the critics' weights get no gradient.
+
+    Returns:
+        The loss (detached).
+    """
+    action = ac.agent.forward(obs, mode="compute_actor")["action"]
+    q = ac.agent.forward({"obs": obs, "action": action}, mode="compute_critic", critics=1, param_grad=False)["q"]
+    loss = deterministic_actor_loss(q, weight)
+    minimize(ac.actor_optimizer, loss, ac.actor_params)
+    return loss.detach()
 
 
 register_policy("ddpg", DDPGPolicy)

@@ -1,19 +1,25 @@
 """What DDPG, TD3 and SAC share, as functions (STYLE: no inheritance between algorithms): their common config
-keys, the QAC model with the algorithm's defaults, n-step samples, batch terms, optimizers and agents.
+keys, the QAC model with the algorithm's defaults, n-step samples, batch terms, optimizers and agents, and the update
+steps all three take: the no-grad evaluations behind a target and the critics' regression.
 
-Each function takes what it works on as arguments; none reads a policy's private fields.
+Each function takes what it works on as arguments; none reads a policy's private fields. The steps are written with
+autograd and marked ``update_step`` (``nervex/policy/update_steps.py`` chooses whether a registered equivalent, the
+fused CPU kernels, runs instead).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from nervex.agent import Agent
 from nervex.config import Field
-from nervex.rl_utils import Adder
+from nervex.rl_utils import Adder, critic_loss
 from nervex.torch_utils import Adam
+
+from .update_steps import update_step
 
 # Keys DDPG, TD3 and SAC share, with Stable-Baselines3's defaults (off-policy contract keys included: one gradient
 # step per env step, uniform random actions for the first 100 steps).
@@ -29,8 +35,8 @@ AC_CONFIG: Dict[str, Any] = dict(
         learning_rate=Field(1e-3, gt=0),  # actor and critics (and SAC's temperature)
         target_theta=Field(0.005, gt=0, le=1),  # Polyak rate tau of the target copies
         grad_clip=Field(0.0, ge=0),  # max gradient norm of each optimizer; 0 turns clipping off
-        # the stock QAC's losses differentiated by hand (nervex.policy.fused_ac: same gradients, 15-20% faster on a
-        # CPU); false, or a custom model, gradient hooks (multi-learner all-reduce) or module hooks: autograd
+        # let the update steps' registered equivalents run (nervex.policy.fused_ac: the stock QAC's losses
+        # differentiated by hand, same gradients, 1.3-2x faster per update on a CPU); false: always autograd
         fused_update=True,
     ),
     collect=dict(n_sample=8),
@@ -82,15 +88,6 @@ def make_adam(params: Any, lr: float, grad_clip: float) -> Adam:
     """nervex's Adam, clipping the global gradient norm at ``grad_clip`` when it is > 0."""
     clip = dict(grad_clip_type="clip_norm", clip_value=float(grad_clip)) if grad_clip > 0 else {}
     return Adam(params, lr=float(lr), **clip)
-
-
-def actor_critic_optimizers(model: torch.nn.Module, learn: Mapping[str, Any]) -> Tuple[List[torch.Tensor], Adam, Adam]:
-    """``(actor parameters, actor optimizer, critic optimizer)`` for a QAC, from ``learn.learning_rate`` and
-    ``learn.grad_clip``."""
-    actor_params = list(model.actor.parameters())
-    actor_optimizer = make_adam(actor_params, learn["learning_rate"], learn["grad_clip"])
-    critic_optimizer = make_adam(model.critic.parameters(), learn["learning_rate"], learn["grad_clip"])
-    return actor_params, actor_optimizer, critic_optimizer
 
 
 def host_figures(**tensors: torch.Tensor) -> Dict[str, float]:
@@ -176,3 +173,97 @@ class DeterministicActing:
     def reset(self, data_id: Optional[List[int]] = None) -> None:
         """Restart the noise processes of ``data_id`` (all envs when None)."""
         self.collect_agent.reset(data_id)
+
+
+# ---- the update steps DDPG, TD3 and SAC share ---------------------------------------------------------------------
+@dataclass
+class ActorCriticLearn:
+    """What the update steps of an actor-critic work on (the policy builds it in ``_init_learn`` and owns it).
+
+    Attributes:
+        model: The QAC.
+        agent: The learner's agent over ``model``, with the Polyak copy ``'target'``.
+        actor_optimizer, critic_optimizer: Adam over the actor's and the critics' parameters.
+        actor_params, critic_params: The tensors each optimizer trains.
+        use_equivalents: ``policy.learn.fused_update``: registered equivalents may run (``update_steps``).
+        priority: ``policy.priority``: the critic step's TD errors are read (an equivalent may skip them otherwise).
+    """
+
+    model: torch.nn.Module
+    agent: Agent
+    actor_optimizer: torch.optim.Optimizer
+    critic_optimizer: torch.optim.Optimizer
+    actor_params: List[torch.Tensor]
+    critic_params: List[torch.Tensor]
+    use_equivalents: bool
+    priority: bool
+
+
+def actor_critic_learn(model: torch.nn.Module, cfg: Mapping[str, Any]) -> ActorCriticLearn:
+    """The parts of a QAC's update from the ``policy`` section: Adam for the actor and the critics
+    (``learn.learning_rate``, ``learn.grad_clip``), a learner agent with a Polyak target (``learn.target_theta``), the
+    ``learn.fused_update`` switch and ``priority``."""
+    learn = cfg["learn"]
+    actor_params, critic_params = list(model.actor.parameters()), list(model.critic.parameters())
+    return ActorCriticLearn(
+        model=model,
+        agent=polyak_agent(model, learn["target_theta"]),
+        actor_optimizer=make_adam(actor_params, learn["learning_rate"], learn["grad_clip"]),
+        critic_optimizer=make_adam(critic_params, learn["learning_rate"], learn["grad_clip"]),
+        actor_params=actor_params,
+        critic_params=critic_params,
+        use_equivalents=bool(learn["fused_update"]),
+        priority=bool(cfg["priority"]),
+    )
+
+
+def minimize(optimizer: torch.optim.Optimizer, loss: torch.Tensor, inputs: Optional[Sequence[torch.Tensor]] = None):
+    """One optimizer step on ``loss``: ``zero_grad(); loss.backward(inputs=inputs); step()`` (``inputs``: the
+    tensors that get a gradient, e.g. the actor's parameters for a loss that runs through the critics)."""
+    optimizer.zero_grad()
+    loss.backward(inputs=inputs)
+    optimizer.step()
+
+
+@update_step
+def actor_output(ac: ActorCriticLearn, name: str, obs: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The actor's output at ``obs`` from the agent's model ``name`` (``'main'`` or ``'target'``), without gradient:
+    ``{'action'}`` or ``{'mu', 'sigma', 'log_sigma'}`` (see ``QAC.compute_actor``)."""
+    with torch.no_grad():
+        return ac.agent.model_forward(name, obs, mode="compute_actor")
+
+
+@update_step
+def critic_values(ac: ActorCriticLearn, name: str, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """Every critic's ``Q(obs, action)`` from the agent's model ``name``, without gradient.
+
+    Shapes:
+        - obs: :math:`(B, *obs_shape)`; action: :math:`(B, A)`; output: :math:`(N, B)`
+    """
+    with torch.no_grad():
+        return ac.agent.model_forward(name, {"obs": obs, "action": action}, mode="compute_critic")["q"]
+
+
+@update_step
+def critic_step(
+    ac: ActorCriticLearn,
+    obs: torch.Tensor,
+    action: torch.Tensor,
+    target: torch.Tensor,
+    weight: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """Critic loss: every ``Q_i(s, a)`` of the stored actions regressed on the target,
+    ``sum_i 0.5 * mean_b w_b (Q_i(s_b, a_b) - y_b)^2``, one step of the critics' optimizer.
+
+    Returns:
+        ``(loss, td_error, q)``, detached: ``td_error = mean_i |y - Q_i|`` per sample (replay priorities; an
+        equivalent may return None for it unless ``ac.priority``).
+
+    Shapes:
+        - obs: :math:`(B, *obs_shape)`; action: :math:`(B, A)`; target, weight, td_error: :math:`(B,)`
+        - q: :math:`(N, B)`
+    """
+    q = ac.agent.forward({"obs": obs, "action": action}, mode="compute_critic")["q"]
+    loss, td_error = critic_loss(q, target, weight)
+    minimize(ac.critic_optimizer, loss)
+    return loss.detach(), td_error, q.detach()

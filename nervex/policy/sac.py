@@ -4,28 +4,34 @@ target entropy."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
 from nervex.config import Field, merge_defaults
-from nervex.rl_utils import Adder, sac_alpha_loss, sac_critic_target
-from nervex.torch_utils import TanhGaussianDist, squash_bounds, trained_tensors
+from nervex.rl_utils import Adder, sac_actor_loss, sac_alpha_loss, sac_critic_target
+from nervex.torch_utils import TanhGaussianDist, squash_bounds
+from nervex.torch_utils.distribution import SquashBounds
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
-from .fused_ac import critic_update, fused_update_ok, qac_forward, sac_actor_update, sac_sample
 from .off_policy_ac import (
     AC_CONFIG,
-    actor_critic_optimizers,
+    ActorCriticLearn,
+    actor_critic_learn,
+    actor_output,
     build_qac,
     check_critic_num,
+    critic_step,
+    critic_values,
     host_figures,
     inference_agent,
     make_adam,
+    minimize,
     nstep_terms,
-    polyak_agent,
 )
+from .update_steps import update_step
 
 
 class SACPolicy(CommonPolicy):
@@ -82,74 +88,56 @@ class SACPolicy(CommonPolicy):
         check_critic_num(model, "sac", 1)
         return model
 
-    def _dist(self, output: Mapping[str, torch.Tensor]) -> TanhGaussianDist:
-        return TanhGaussianDist(
-            output["mu"], output["sigma"], self._bounds, validate_args=False, log_sigma=output.get("log_sigma")
-        )
-
     # ---- learn -----------------------------------------------------------------------------------------------
     def _init_learn(self) -> None:
-        learn = self._cfg.learn
+        learn, model = self._cfg.learn, self._model
         self._gamma = float(self._cfg.discount_factor)
         self._nstep = int(self._cfg.nstep)
         self._priority = bool(self._cfg.priority)
         self._auto_alpha = bool(learn.auto_alpha)
-        target_entropy = learn.target_entropy
-        self._target_entropy = -float(self._model.action_dim) if target_entropy is None else float(target_entropy)
+        self._ac = actor_critic_learn(model, self._cfg)
+        # the learn state (checkpoint keys 'actor_optimizer', 'critic_optimizer', 'alpha_optimizer', 'learn_agent')
+        self._actor_optimizer, self._critic_optimizer = self._ac.actor_optimizer, self._ac.critic_optimizer
+        self._learn_agent = self._ac.agent
         self._log_alpha = torch.full((), math.log(learn.alpha), device=self._device, requires_grad=self._auto_alpha)
         if self._auto_alpha:
             self._alpha_optimizer = make_adam([self._log_alpha], learn.learning_rate, 0.0)
-        self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
-        self._learn_agent = polyak_agent(self._model, learn.target_theta)
-        self._fused_update = bool(learn.fused_update)
-        alpha_optimizer = [self._alpha_optimizer] if self._auto_alpha else []
-        self._trained = trained_tensors(self._actor_optimizer, self._critic_optimizer, *alpha_optimizer)
-        model = self._model
+            target_entropy = -float(model.action_dim) if learn.target_entropy is None else float(learn.target_entropy)
+            self._temperature = Temperature(
+                self._log_alpha, self._alpha_optimizer, target_entropy, self._ac.use_equivalents
+            )
         self._bounds = squash_bounds(model.action_low, model.action_high, model.action_dim, device=self._device)
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        agent, model = self._learn_agent, self._model
+        ac, bounds = self._ac, self._bounds
+        obs, action, next_obs = data["obs"], data["action"], data["next_obs"]
         reward, terminated, value_gamma = nstep_terms(data)
         weight = data.get("weight") if self._priority else None
-        obs, next_obs = data["obs"], data["next_obs"]
-        fused = self._fused_update and fused_update_ok(model, self._trained)
-        # a fresh reparameterized action of the current policy: for the temperature's and the actor's losses
-        sample = sac_sample(agent, model, self._dist, obs, fused)
-        alpha = self._log_alpha.detach().exp()  # this step's losses use the temperature from before its update
-        figures = dict(alpha=alpha, entropy=-sample.log_prob.detach().mean())
-        # critics: regress every Q(s, a) on the soft value of a' ~ pi(.|s') under the smaller target critic
+        alpha = self._log_alpha.detach().exp()  # every loss of this update reads the temperature from before its step
+        # a fresh reparameterized action a ~ pi(.|s) of the current policy: the actor's and the temperature's losses
+        sample = policy_sample(ac, obs, bounds)
+        # critic target: y = sum_k gamma^k r_k + gamma^n (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s'))
+        # with a' ~ pi(.|s') and the target critics
         with torch.no_grad():
-            next_dist = self._dist(qac_forward(agent, "main", next_obs, "compute_actor", fused))
+            next_dist = squashed_gaussian(actor_output(ac, "main", next_obs), bounds)
             next_action, next_log_prob = next_dist.rsample_with_log_prob()
-            pair = {"obs": next_obs, "action": next_action}
-            target_q = qac_forward(agent, "target", pair, "compute_critic", fused)["q"]
+            target_q = critic_values(ac, "target", next_obs, next_action)
             target = sac_critic_target(
                 target_q, next_log_prob, alpha, reward, terminated, self._gamma, self._nstep, value_gamma
             )
-        loss_critic, td_error, q = critic_update(
-            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused, self._priority
-        )
-        # actor: maximize min_i Q_i(s, a) + alpha * entropy through the reparameterized action (updated critics)
-        loss_actor = sac_actor_update(
-            agent, model, self._actor_optimizer, self._actor_params, sample, obs, alpha, weight, fused
-        )
+        # critic loss: every Q_i(s, a) regressed on y
+        loss_critic, td_error, q = critic_step(ac, obs, action, target, weight)
+        # actor loss: alpha log pi(a|s) - min_i Q_i(s, a), through the reparameterized a and the updated critics
+        loss_actor = sac_actor_step(ac, obs, sample, alpha, weight)
+        figures = dict(alpha=alpha, entropy=-sample.log_prob.detach().mean())
+        # temperature loss: log_alpha (-log pi(a|s) - target_entropy)
         if self._auto_alpha:
-            # the temperature's step comes after the actor's, which changes nothing: this update's losses read the
-            # temperature from before it
-            log_prob = sample.log_prob.detach()
-            if fused:  # sac_alpha_loss's gradient in log_alpha: -mean(log_prob + target_entropy)
-                loss_alpha = sac_alpha_loss(self._log_alpha.detach(), log_prob, self._target_entropy)
-                self._log_alpha.grad = (log_prob + self._target_entropy).mean().neg_()
-            else:  # through autograd, so gradient hooks (multi-learner all-reduce) see it
-                loss_alpha = sac_alpha_loss(self._log_alpha, log_prob, self._target_entropy)
-                self._alpha_optimizer.zero_grad()
-                loss_alpha.backward()
-            self._alpha_optimizer.step()
-            figures["alpha_loss"] = loss_alpha.detach()
-        agent.target_update()
+            figures["alpha_loss"] = temperature_step(self._temperature, sample.log_prob)
+        # target update: Polyak averaging of the critics (and of the actor, whose copy is not read)
+        ac.agent.target_update()
         info: Dict[str, Any] = host_figures(**figures, critic_loss=loss_critic, actor_loss=loss_actor, q_value=q.mean())
         info.update(
-            cur_lr=self._critic_optimizer.param_groups[0]["lr"], total_loss=info["critic_loss"] + info["actor_loss"]
+            cur_lr=ac.critic_optimizer.param_groups[0]["lr"], total_loss=info["critic_loss"] + info["actor_loss"]
         )
         if self._priority:
             info["priority"] = td_error.cpu().numpy()
@@ -191,6 +179,75 @@ class SACPolicy(CommonPolicy):
     def _forward_eval(self, data_id: List[int], data: Any) -> Output:
         self._eval_agent.mode(train=False)
         return {"action": self._eval_agent.forward(data, mode="compute_actor")["action"]}
+
+
+# ---- SAC's update steps (nervex/policy/update_steps.py; shared ones in off_policy_ac.py) ---------------------------
+def squashed_gaussian(output: Mapping[str, torch.Tensor], bounds: SquashBounds) -> TanhGaussianDist:
+    """The policy's distribution from the actor's ``{'mu', 'sigma', 'log_sigma'}``, squashed into ``bounds``."""
+    return TanhGaussianDist(
+        output["mu"], output["sigma"], bounds, validate_args=False, log_sigma=output.get("log_sigma")
+    )
+
+
+@dataclass
+class PolicySample:
+    """A reparameterized action of the current policy and its log-probability (tanh correction included), both with
+    a graph back to the actor's parameters.
+
+    Shapes:
+        - action: :math:`(B, A)`; log_prob: :math:`(B,)`
+    """
+
+    action: torch.Tensor
+    log_prob: torch.Tensor
+
+
+@dataclass
+class Temperature:
+    """What the temperature's step works on: ``log_alpha`` (0-dim, trained), its optimizer, the target entropy and
+    ``policy.learn.fused_update`` (see ``update_steps``)."""
+
+    log_alpha: torch.Tensor
+    optimizer: torch.optim.Optimizer
+    target_entropy: float
+    use_equivalents: bool
+
+
+@update_step
+def policy_sample(ac: ActorCriticLearn, obs: torch.Tensor, bounds: SquashBounds) -> PolicySample:
+    """``a ~ pi(.|s)`` by the reparameterization trick, and ``log pi(a|s)``."""
+    action, log_prob = squashed_gaussian(ac.agent.forward(obs, mode="compute_actor"), bounds).rsample_with_log_prob()
+    return PolicySample(action, log_prob)
+
+
+@update_step
+def sac_actor_step(
+    ac: ActorCriticLearn, obs: torch.Tensor, sample: PolicySample, alpha: torch.Tensor, weight: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """Actor loss: ``mean_b w_b [alpha log pi(a_b|s_b) - min_i Q_i(s_b, a_b)]`` with the sample's reparameterized
+    ``a`` (drawn once, before the critic step), one step of the actor's optimizer; the critics' weights get no
+    gradient.
+
+    Raises:
+        ValueError: the sample has no graph to the actor (one drawn by another implementation of ``policy_sample``).
+    """
+    if not sample.log_prob.requires_grad:
+        raise ValueError(
+            "sac_actor_step: the sample's log_prob has no graph; draw it with policy_sample in this update"
+        )
+    q = ac.agent.forward({"obs": obs, "action": sample.action}, mode="compute_critic", param_grad=False)["q"]
+    loss = sac_actor_loss(q, sample.log_prob, alpha, weight)
+    minimize(ac.actor_optimizer, loss, ac.actor_params)
+    return loss.detach()
+
+
+@update_step
+def temperature_step(temperature: Temperature, log_prob: torch.Tensor) -> torch.Tensor:
+    """Temperature loss: ``mean_b log_alpha (-log pi(a_b|s_b) - target_entropy)`` (``sac_alpha_loss``), one step of
+    its optimizer: alpha rises while the policy's entropy is below the target, and falls above it."""
+    loss = sac_alpha_loss(temperature.log_alpha, log_prob, temperature.target_entropy)
+    minimize(temperature.optimizer, loss)
+    return loss.detach()
 
 
 register_policy("sac", SACPolicy)

@@ -8,21 +8,22 @@ import torch
 
 from nervex.config import Field, merge_defaults
 from nervex.rl_utils import target_policy_smoothing, td3_critic_target
-from nervex.torch_utils import trained_tensors
 
 from .base_policy import Output, register_policy
 from .common_policy import CommonPolicy
-from .fused_ac import critic_update, deterministic_actor_update, fused_update_ok, qac_forward
+from .ddpg import deterministic_actor_step
 from .off_policy_ac import (
     AC_CONFIG,
     NOISE_CONFIG,
     DeterministicActing,
-    actor_critic_optimizers,
+    actor_critic_learn,
+    actor_output,
     build_qac,
     check_critic_num,
+    critic_step,
+    critic_values,
     host_figures,
     nstep_terms,
-    polyak_agent,
 )
 
 
@@ -74,43 +75,39 @@ class TD3Policy(CommonPolicy):
         scale = self._model.action_scale
         self._smoothing_sigma = float(learn.target_policy_noise) * scale
         self._smoothing_clip = float(learn.noise_clip) * scale
-        self._actor_params, self._actor_optimizer, self._critic_optimizer = actor_critic_optimizers(self._model, learn)
-        self._learn_agent = polyak_agent(self._model, learn.target_theta)
-        self._fused_update = bool(learn.fused_update)
-        self._trained = trained_tensors(self._actor_optimizer, self._critic_optimizer)
+        self._ac = actor_critic_learn(self._model, self._cfg)
+        # the learn state (checkpoint keys 'actor_optimizer', 'critic_optimizer', 'learn_agent')
+        self._actor_optimizer, self._critic_optimizer = self._ac.actor_optimizer, self._ac.critic_optimizer
+        self._learn_agent = self._ac.agent
         self._critic_steps = 0
 
     def _forward_learn(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        agent, model = self._learn_agent, self._model
+        ac, model = self._ac, self._model
+        obs, action, next_obs = data["obs"], data["action"], data["next_obs"]
         reward, terminated, value_gamma = nstep_terms(data)
         weight = data.get("weight") if self._priority else None
-        obs, next_obs = data["obs"], data["next_obs"]
-        fused = self._fused_update and fused_update_ok(model, self._trained)
-        # critics: regress every Q(s, a) on the smaller target critic's value of the smoothed target action
+        # critic target: y = sum_k gamma^k r_k + gamma^n (1 - terminated) min_i Q'_i(s', a') at the smoothed target
+        # action a' = clip(mu'(s') + clip(noise, -c, c), low, high)
         with torch.no_grad():
-            next_action = qac_forward(agent, "target", next_obs, "compute_actor", fused)["action"]
+            next_action = actor_output(ac, "target", next_obs)["action"]
             noise = torch.randn_like(next_action) * self._smoothing_sigma
             next_action = target_policy_smoothing(
                 next_action, noise, self._smoothing_clip, model.action_low, model.action_high
             )
-            pair = {"obs": next_obs, "action": next_action}
-            target_q = qac_forward(agent, "target", pair, "compute_critic", fused)["q"]
+            target_q = critic_values(ac, "target", next_obs, next_action)
             target = td3_critic_target(target_q, reward, terminated, self._gamma, self._nstep, value_gamma)
-        loss_critic, td_error, q = critic_update(
-            agent, model, self._critic_optimizer, obs, data["action"], target, weight, fused, self._priority
-        )
+        # critic loss: every Q_i(s, a) regressed on y
+        loss_critic, td_error, q = critic_step(ac, obs, action, target, weight)
         self._critic_steps += 1
         figures = dict(critic_loss=loss_critic, q_value=q.mean())
-        # delayed: the actor and the targets move once every actor_update_freq critic steps; the actor follows Q_1
-        # alone (TD3, SB3): the second critic is not run
+        # delayed: the actor loss (-Q_1(s, mu(s)), DDPG's: the second critic is not run) and the target update
+        # (Polyak averaging) once every actor_update_freq critic steps
         if self._critic_steps % self._actor_update_freq == 0:
-            figures["actor_loss"] = deterministic_actor_update(
-                agent, model, self._actor_optimizer, self._actor_params, obs, weight, fused
-            )
-            agent.target_update()
+            figures["actor_loss"] = deterministic_actor_step(ac, obs, weight)
+            ac.agent.target_update()
         info: Dict[str, Any] = host_figures(**figures)
         info.update(
-            cur_lr=self._critic_optimizer.param_groups[0]["lr"],
+            cur_lr=ac.critic_optimizer.param_groups[0]["lr"],
             total_loss=info["critic_loss"] + info.get("actor_loss", 0.0),
         )
         if self._priority:

@@ -352,12 +352,7 @@ def batched_layers_backward(
             bias_grads[k] = g.sum(1, keepdim=True) if b_dst[k] is None else torch.sum(g, 1, keepdim=True, out=b_dst[k])
         width_one = weight.shape[-1] == 1
         if needs_w[k]:
-            if width_one:  # as (N, 1, in): one output column is slow as the matmul's last dimension
-                target = w_dst[k]
-                gw = _into(torch.bmm, None if target is None else target.transpose(1, 2), g.transpose(1, 2), h_in)
-                weight_grads[k] = gw.transpose(1, 2)
-            else:
-                weight_grads[k] = bmatmul(h_in.transpose(1, 2), g, out=w_dst[k])
+            weight_grads[k] = _batched_weight_grad(g, h_in, width_one, w_dst[k])
         if k > 0 or input_grad:
             if width_one:
                 g = g * weight.transpose(1, 2)
@@ -366,6 +361,16 @@ def batched_layers_backward(
                 fits = writable(spent, (g.shape[0], g.shape[1], weight.shape[1]), g)
                 g = bmatmul(g, weight.transpose(1, 2), out=spent if fits else None)
     return (g if input_grad else None), weight_grads, bias_grads
+
+
+def _batched_weight_grad(
+    g: torch.Tensor, h_in: torch.Tensor, width_one: bool, dst: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """``h_in^T g`` per MLP, the ``(N, in, out)`` weight gradient, written into ``dst`` when given."""
+    if width_one:  # as (N, 1, in): one output column is slow as the matmul's last dimension
+        gw = _into(torch.bmm, None if dst is None else dst.transpose(1, 2), g.transpose(1, 2), h_in)
+        return gw.transpose(1, 2)
+    return bmatmul(h_in.transpose(1, 2), g, out=dst)
 
 
 class _BatchedMLPFunction(torch.autograd.Function):

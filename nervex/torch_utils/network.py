@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from .fused_mlp import FUSED_ACTIVATIONS, mlps_forward_params
-from .registration import registration_count
+from .module_watch import ModuleWatch
 
 ACTIVATIONS: Dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -138,7 +138,6 @@ class MLP(nn.Module):
         # With a tanh or relu and no LayerNorm, the layers run as one autograd node (fused_mlp): for the small
         # networks of RL, nn.Module calls and per-layer autograd nodes cost more than the matmuls.
         self._fused: Optional[List[Tuple[nn.Linear, Optional[str]]]] = None
-        self._params_key = -1  # see fused_params
         self._params: Tuple[Tuple[Optional[str], ...], List[torch.Tensor]] = ((), [])
         if (
             not layer_norm
@@ -148,16 +147,18 @@ class MLP(nn.Module):
             self._fused = [
                 (block[0], activation) if isinstance(block, nn.Sequential) else (block, None) for block in layers
             ]
+        # see fused_params: it reads the planned layers' weights and biases
+        self._params_watch = ModuleWatch([linear for linear, _ in self._fused or []], False, ("_parameters",))
 
     def fused_params(self) -> Optional[Tuple[Tuple[Optional[str], ...], List[torch.Tensor]]]:
         """``((activation per layer), [weight, bias, ...])`` when the MLP runs fused (``relu`` or ``tanh``, no
-        LayerNorm), else None; cached (reading each ``nn.Linear``'s tensors per call costs ~15 us)."""
+        LayerNorm), else None; cached (reading each ``nn.Linear``'s tensors per call costs ~8 us) until a layer's
+        weight or bias is replaced."""
         if not self._fused:
             return None
-        if self._params_key != registration_count():
+        if self._params_watch.replaced():
             plan = self._fused
             self._params = (tuple(act for _, act in plan), [t for lin, _ in plan for t in (lin.weight, lin.bias)])
-            self._params_key = registration_count()
         return self._params
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,15 @@
-"""DDPG, TD3 and SAC: the hand-differentiated learner step against the same step through autograd."""
+"""DDPG, TD3 and SAC: the update steps' hand-differentiated equivalents (``fused_ac``) against the autograd
+references the algorithm files define, through the seam that chooses between them (``update_steps``)."""
 
 import contextlib
 import copy
+import re
 
 import pytest
 import torch
 
 from nervex.model import QAC
-from nervex.policy import DDPGPolicy, SACPolicy, TD3Policy
+from nervex.policy import DDPGPolicy, SACPolicy, TD3Policy, ddpg, fused_ac, off_policy_ac, sac, update_steps
 from nervex.policy.fused_ac import fused_update_ok
 from nervex.torch_utils import TanhGaussianDist, cpu_matmul
 
@@ -71,7 +73,9 @@ def assert_same_steps(name, cfg, use_cuda=False, fused_backend=None, plain_backe
     model = cfg.get("model")
     fused = make(name, True, model=cfg_fused.pop("model", None), **cfg_fused)
     plain = make(name, False, model=cfg_plain.pop("model", None), **cfg_plain)
-    assert fused_update_ok(fused.model, fused._trained), model
+    assert fused_update_ok(fused.model, trained(fused)), model
+    assert_every_step_takes(fused, r"^nervex\.policy\.fused_ac$")
+    assert_every_step_takes(plain, r"^nervex\.policy\.(off_policy_ac|ddpg|sac)$")
     assert next(fused.model.parameters()).device.type == ("cuda" if use_cuda else "cpu")
     nstep = cfg.get("nstep", 1)
     with cpu_backend(fused_backend):
@@ -94,6 +98,35 @@ def assert_same_steps(name, cfg, use_cuda=False, fused_backend=None, plain_backe
     if name == "sac" and cfg.get("learn", {}).get("auto_alpha", True):
         torch.testing.assert_close(fused._log_alpha.detach(), plain._log_alpha.detach())
         assert fused._log_alpha.item() != 0.0  # the temperature moved
+
+
+def trained(policy):
+    return [p for opt in policy.learn_mode.optimizers().values() for g in opt.param_groups for p in g["params"]]
+
+
+def step_calls(policy):
+    """Every update step of the policy's update, with arguments like those its update passes."""
+    ac, obs = policy._ac, batch(seed=0)["obs"]
+    calls = [
+        (off_policy_ac.actor_output, (ac, "target", obs)),
+        (off_policy_ac.critic_values, (ac, "target", obs, None)),
+    ]
+    calls.append((off_policy_ac.critic_step, (ac, obs, None, None, None)))
+    if isinstance(policy, SACPolicy):
+        sample = sac.policy_sample.implementation(ac, obs, policy._bounds)(ac, obs, policy._bounds)
+        calls += [(sac.policy_sample, (ac, obs, None)), (sac.sac_actor_step, (ac, obs, sample, None, None))]
+        if policy._auto_alpha:
+            calls.append((sac.temperature_step, (policy._temperature, None)))
+    else:
+        calls.append((ddpg.deterministic_actor_step, (ac, obs, None)))
+    return calls
+
+
+def assert_every_step_takes(policy, module):
+    """Every step of the policy's update runs the implementation from ``module`` (a regex of module names)."""
+    for step, args in step_calls(policy):
+        chosen = step.implementation(*args)
+        assert re.search(module, chosen.__module__), (step, chosen)
 
 
 CASE_IDS = [f"{n}-{i}" for i, (n, _) in enumerate(CASES)]
@@ -178,21 +211,37 @@ def test_the_hand_written_step_reuses_each_gradient_tensor_and_replaces_one_that
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def assert_steps_on_the_main_model_take_autograd(policy):
+    ac, obs = policy._ac, batch(seed=0)["obs"]
+    for step, args in step_calls(policy)[2:]:
+        if args[0] is ac:  # the temperature's step does not read the model
+            assert step.implementation(*args) is step.reference, step
+    assert off_policy_ac.actor_output.implementation(ac, "main", obs) is off_policy_ac.actor_output.reference
+    # the target copy, made before the change, is still the stock QAC
+    assert off_policy_ac.actor_output.implementation(ac, "target", obs) is fused_ac.fused_actor_output
+
+
 def test_gradient_hooks_and_other_models_take_autograd():
-    """A post-accumulate-grad hook (what multi-learner all-reduce registers) still fires: the step falls back to
-    autograd; so does a model whose actor does not run fused (LayerNorm)."""
-    policy = make("td3", True)
-    assert fused_update_ok(policy.model, policy._trained)
+    """A post-accumulate-grad hook (what multi-learner all-reduce registers) still fires: the steps that train the
+    hooked tensor fall back to autograd, the others stay fused; so does a model whose actor does not run fused
+    (LayerNorm)."""
+    policy = make("td3", True, learn={"actor_update_freq": 1})
+    ac, obs = policy._ac, batch(seed=0)["obs"]
+    assert fused_update_ok(policy.model, trained(policy))
     calls = []
     handle = policy.model.critic.weights[0].register_post_accumulate_grad_hook(lambda p: calls.append(p.shape))
-    assert not fused_update_ok(policy.model, policy._trained)
+    assert not fused_update_ok(policy.model, trained(policy))
+    assert off_policy_ac.critic_step.implementation(ac, obs, None, None, None) is off_policy_ac.critic_step.reference
+    assert ddpg.deterministic_actor_step.implementation(ac, obs, None) is fused_ac.fused_deterministic_actor_step
     policy.learn_mode.forward(batch(seed=0))
     assert calls == [policy.model.critic.weights[0].shape]
     handle.remove()
-    assert fused_update_ok(policy.model, policy._trained)
+    assert fused_update_ok(policy.model, trained(policy))
+    assert_every_step_takes(policy, r"^nervex\.policy\.fused_ac$")
 
     hook = policy.model.actor.register_forward_hook(lambda *args: None)
-    assert not fused_update_ok(policy.model, policy._trained)
+    assert not fused_update_ok(policy.model, trained(policy))
+    assert_steps_on_the_main_model_take_autograd(policy)
     hook.remove()
 
     class LoggingQAC(QAC):
@@ -203,12 +252,58 @@ def test_gradient_hooks_and_other_models_take_autograd():
     custom = QAC(**MODEL)
     custom.actor.layers[0][0].weight = torch.nn.Parameter(custom.actor.layers[0][0].weight.detach().clone())
     assert fused_update_ok(custom, [])  # a replaced parameter is picked up (the caches refresh)
-    sac = make("sac", True)
-    sac_before = [p.detach().clone() for p in sac.model.actor.parameters()]
-    sac.model.actor._fused = None  # as an MLP with LayerNorm: runs its layers one by one
-    assert not fused_update_ok(sac.model, sac._trained)
-    sac.learn_mode.forward(batch(seed=0))
-    assert any(not torch.equal(a, b) for a, b in zip(sac_before, sac.model.actor.parameters()))
+    sac_policy = make("sac", True)
+    sac_before = [p.detach().clone() for p in sac_policy.model.actor.parameters()]
+    sac_policy.model.actor._fused = None  # as an MLP with LayerNorm: runs its layers one by one
+    assert not fused_update_ok(sac_policy.model, trained(sac_policy))
+    assert_steps_on_the_main_model_take_autograd(sac_policy)
+    sac_policy.learn_mode.forward(batch(seed=0))
+    assert any(not torch.equal(a, b) for a, b in zip(sac_before, sac_policy.model.actor.parameters()))
+
+
+def test_a_hook_on_the_temperature_takes_its_autograd_step_and_fires():
+    policy = make("sac", True)
+    log_alpha = policy._temperature.log_alpha
+    fired = []
+    log_alpha.register_post_accumulate_grad_hook(lambda p: fired.append(p.grad.item()))
+    assert sac.temperature_step.implementation(policy._temperature, None) is sac.temperature_step.reference
+    assert (
+        sac.sac_actor_step.implementation(
+            policy._ac, None, fused_ac.fused_policy_sample(policy._ac, batch(0)["obs"], policy._bounds), None, None
+        )
+        is fused_ac.fused_sac_actor_step
+    )
+    policy.learn_mode.forward(batch(seed=0))
+    assert len(fired) == 1 and fired[0] != 0.0
+
+
+def test_a_step_without_an_equivalent_runs_its_reference_and_the_seam_lists_what_is_registered():
+    """A new algorithm's step (here a COMA-like critic step) takes autograd with nothing registered for it; the
+    registry names each step's equivalent; a second equivalent for one step is refused."""
+
+    @update_steps.update_step
+    def new_critic_step(parts, x):
+        return ("reference", x)
+
+    parts = type("Parts", (), {"use_equivalents": True})()
+    assert new_critic_step(parts, 3) == ("reference", 3)
+    listed = update_steps.equivalents()
+    assert listed[f"{__name__}.{new_critic_step.__qualname__}"] is None
+    assert listed["nervex.policy.off_policy_ac.critic_step"] == "nervex.policy.fused_ac.fused_critic_step"
+    assert listed["nervex.policy.sac.temperature_step"] == "nervex.policy.fused_ac.fused_temperature_step"
+
+    @update_steps.equivalent_of(new_critic_step, applies=lambda parts, x: x > 0)
+    def fast_critic_step(parts, x):
+        return ("equivalent", x)
+
+    assert new_critic_step(parts, 3) == ("equivalent", 3)
+    assert new_critic_step(parts, -1) == ("reference", -1)  # where the predicate fails
+    parts.use_equivalents = False  # policy.learn.fused_update: false
+    assert new_critic_step(parts, 3) == ("reference", 3)
+    with pytest.raises(ValueError, match="has the equivalent .*fast_critic_step already"):
+        update_steps.equivalent_of(new_critic_step, applies=lambda *a: True)(lambda parts, x: x)
+    with pytest.raises(TypeError, match="not marked @update_step"):
+        update_steps.equivalent_of(lambda parts: None, applies=lambda *a: True)
 
 
 def test_rsample_with_noise_returns_the_draw_behind_the_action():
