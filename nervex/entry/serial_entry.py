@@ -100,6 +100,7 @@ class SerialTrainer:
         self._closed = False
         save_config(cfg, os.path.join(self.run_dir, "config.yaml"))
         self.logger.info(f"run directory: {self.run_dir}")
+        self.logger.info(f"[actor] {self.actor.seating.describe()}")
 
     # ---- construction ----------------------------------------------------------------------------------------
     def _build(self, cfg: EasyDict) -> None:

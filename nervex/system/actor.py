@@ -184,6 +184,7 @@ class ActorRole:
         """
         if stop is not None:
             self.link.stop_requested = stop.is_set
+        self.logger.info("actor %s: %s", self.link.worker_id, self.actor.seating.describe())
         self.link.register()
         self.link.start_heartbeat(self._held_leases)
         io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nervex-actor-io")

@@ -382,6 +382,18 @@ class Seating:
         self.main = self.learning[0].name
         self._seats_of = {name: [s for s, n in enumerate(self.seat_slots) if n == name] for name in self.slots}
 
+    def describe(self) -> str:
+        """One line for the run's log: each slot's kind and seats, and how a slot of several seats adds up rewards.
+
+        Example:
+            ``slots: main (learn) seats [0]; opponent (random) seats [1]; turn-based``
+        """
+        parts = [f"{name} ({slot.kind}) seats {self._seats_of[name]}" for name, slot in self.slots.items()]
+        text = "slots: " + "; ".join(parts) + ("; turn-based" if self.turn_based else "")
+        if any(len(seats) > 1 for seats in self._seats_of.values()):
+            text += f"; a slot's reward and return are the {self.team_reward} over its seats (env team_reward)"
+        return text
+
     def key(self, env_id: int, seat: int) -> int:
         """The key a seat's trajectory, Adder buffer and recurrent state have (``env_id`` unless turn-based)."""
         return env_id * self._stride + seat

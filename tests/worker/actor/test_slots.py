@@ -116,8 +116,22 @@ def test_a_single_agent_actor_has_one_learning_slot_keyed_by_env_id():
         samples = actor.collect(CollectSpec("sample", 6), {})
         assert len(samples) == 6 and actor.env_step == 6
         assert policy.calls == [[0, 1]] * 3  # one forward over both envs per step
+        assert actor.seating.describe() == "slots: main (learn) seats [0]"
     finally:
         actor.close()
+
+
+def test_the_seating_line_states_the_team_reduction_of_a_slot_of_several_seats():
+    """What the run's log says of slots: their kinds and seats and, when a slot holds several seats, the reduction."""
+    from nervex.worker.actor.slots import LearnSlot, RandomSlot, Seating
+
+    space, rng = gym.spaces.Discrete(3), np.random.default_rng(0)
+    team = LearnSlot("team", ScriptedPolicy().collect_mode, space, rng)
+    seating = Seating({"team": team, "other": RandomSlot("other", space, rng)}, ["team", "other", "team"], True, "mean")
+    assert seating.describe() == (
+        "slots: team (learn) seats [0, 2]; other (random) seats [1]; turn-based; "
+        "a slot's reward and return are the mean over its seats (env team_reward)"
+    )
 
 
 # ---- turn-based transitions -----------------------------------------------------------------------------------------
