@@ -31,7 +31,8 @@ from easydict import EasyDict
 
 from nervex.agent import Agent
 from nervex.config import ConfigError, compile_section, merge_defaults
-from nervex.rl_utils.adder import Adder, TrajectoryAdder
+from nervex.rl_utils.adder import Adder
+from nervex.rl_utils.trajectory_adder import TrajectoryAdder
 from nervex.torch_utils import collate, to_device
 from nervex.utils import MODEL_REGISTRY, POLICY_REGISTRY
 

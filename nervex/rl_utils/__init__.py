@@ -16,7 +16,7 @@ from .actor_critic_td import (
     target_policy_smoothing,
     td3_critic_target,
 )
-from .adder import Adder, TrajectoryAdder
+from .adder import Adder
 from .dist_td import categorical_projection, dist_nstep_td_data, dist_nstep_td_error
 from .exploration import epsilon_greedy
 from .gae import gae, gae_data
@@ -40,6 +40,7 @@ from .td import (
     value_inv_transform,
     value_transform,
 )
+from .trajectory_adder import TrajectoryAdder
 from .upgo import upgo_loss, upgo_returns
 from .vtrace import vtrace_advantages, vtrace_data, vtrace_error, vtrace_loss, vtrace_nstep_return
 
