@@ -106,7 +106,8 @@ def trained(policy):
 
 def step_calls(policy):
     """Every update step of the policy's update, with arguments like those its update passes."""
-    ac, obs = policy._ac, batch(seed=0)["obs"]
+    ac = policy._ac
+    obs = batch(seed=0)["obs"].to(policy.device)  # the model's device: SAC's sample below runs the step
     calls = [
         (off_policy_ac.actor_output, (ac, "target", obs)),
         (off_policy_ac.critic_values, (ac, "target", obs, None)),
@@ -212,7 +213,8 @@ def test_the_hand_written_step_reuses_each_gradient_tensor_and_replaces_one_that
 
 
 def assert_steps_on_the_main_model_take_autograd(policy):
-    ac, obs = policy._ac, batch(seed=0)["obs"]
+    ac = policy._ac
+    obs = batch(seed=0)["obs"].to(policy.device)  # the model's device: SAC's sample below runs the step
     for step, args in step_calls(policy)[2:]:
         if args[0] is ac:  # the temperature's step does not read the model
             assert step.implementation(*args) is step.reference, step
@@ -226,7 +228,8 @@ def test_gradient_hooks_and_other_models_take_autograd():
     hooked tensor fall back to autograd, the others stay fused; so does a model whose actor does not run fused
     (LayerNorm)."""
     policy = make("td3", True, learn={"actor_update_freq": 1})
-    ac, obs = policy._ac, batch(seed=0)["obs"]
+    ac = policy._ac
+    obs = batch(seed=0)["obs"].to(policy.device)  # the model's device: SAC's sample below runs the step
     assert fused_update_ok(policy.model, trained(policy))
     calls = []
     handle = policy.model.critic.weights[0].register_post_accumulate_grad_hook(lambda p: calls.append(p.shape))
