@@ -105,8 +105,6 @@ class ActorRole:
         logger: Optional[logging.Logger] = None,
         token: Optional[bytes] = None,
     ) -> None:
-        from nervex.entry.builder import make_actor, make_env_managers, make_policy
-
         self.cfg = compile_parallel_config(cfg)
         self.index = int(index)
         self.logger = logger or logging.getLogger(__name__)
@@ -130,22 +128,8 @@ class ActorRole:
         elif self.settings.io_process:  # forked before any env process or thread exists
             info = {"index": index}
             self.io = ActorIO(self.cfg, run_dir, worker_id, url, token, self.storage, info, self.logger)
-        self._make_env = lambda: make_env_managers(self.cfg, self.seed, evaluator=False)
-        try:
-            collector_env, _, env_info = self._make_env()
-        except BaseException:
-            self._close_io()
-            raise
-        try:
-            self.policy = make_policy(self.cfg, env_info, enable_field=["collect", "command"])
-            self.contract = type(self.policy).contract(self.policy.cfg)
-            self._episodes: List[Dict[str, Any]] = []
-            self.actor = make_actor(self.cfg, collector_env, self.policy, self.seed, callbacks=self)
-        except BaseException:
-            collector_env.close()
-            self._close_io()
-            raise
-        self._make_actor = lambda env: make_actor(self.cfg, env, self.policy, self.seed, callbacks=self)
+        self._episodes: List[Dict[str, Any]] = []
+        self._build()
         self._learning_starts = learning_starts(self.cfg)
         self.snapshot: Optional[str] = None
         self.snapshot_iter = 0
@@ -156,6 +140,26 @@ class ActorRole:
         self.tasks_done = 0
         self.last_snapshot_load_s = 0.0
         self.phase_s: Dict[str, float] = dict.fromkeys(MAIN_PHASES + IO_PHASES, 0.0)  # seconds per phase of a task
+
+    def _build(self) -> None:
+        """The collector envs, the collect-only policy and the actor (its player slots); on failure, nothing open."""
+        from nervex.entry.builder import make_actor, make_env_managers, make_policy
+
+        self._make_env = lambda: make_env_managers(self.cfg, self.seed, evaluator=False)
+        try:
+            collector_env, _, env_info = self._make_env()
+        except BaseException:
+            self._close_io()
+            raise
+        try:
+            self.policy = make_policy(self.cfg, env_info, enable_field=["collect", "command"])
+            self.contract = type(self.policy).contract(self.policy.cfg)
+            self.actor = make_actor(self.cfg, collector_env, self.policy, self.seed, callbacks=self)
+        except BaseException:
+            collector_env.close()
+            self._close_io()
+            raise
+        self._make_actor = lambda env: make_actor(self.cfg, env, self.policy, self.seed, callbacks=self)
 
     def _timed(self, phase: str, start: float) -> float:
         now = time.perf_counter()
