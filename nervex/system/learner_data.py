@@ -77,7 +77,8 @@ class DataIntake:
         learn = loop.contract.learn
         self.batch_size = int(learn.batch_size or 1)
         self.learning_starts = int(learn.learning_starts)
-        self.ratio = float(learn.update_per_collect) / max(1, int(loop.contract.collect.n))
+        self.collect_n = max(1, int(loop.contract.collect.n))  # env steps of one serial collection
+        self.ratio = float(learn.update_per_collect) / self.collect_n
         self.credit = 0.0
         self.seq = 0
         self.counters: Dict[str, int] = {"results": 0, "dropped_stale": 0, "missing": 0, "bad_data": 0}
@@ -139,8 +140,16 @@ class DataIntake:
             count += 1
             self.counters["results"] += 1
             if not self.on_policy and self.loop.env_step >= self.learning_starts:
-                self.credit += env_steps * self.ratio  # as serial mode trains after a collection that reaches it
+                self.credit += self._credited_steps(env_steps) * self.ratio
         return count
+
+    def _credited_steps(self, env_steps: int) -> int:
+        """The env steps of a result (just counted into ``env_step``, which reached ``learning_starts``) that earn
+        gradient steps: serial mode trains ``update_per_collect`` after each collection of ``collect.n`` env steps
+        that ends at or past ``learning_starts``, so the steps from the first such collection's start on count (a
+        result of one collection: all of it; a large one crossing ``learning_starts``: the part past it, plus one
+        collection)."""
+        return min(env_steps, self.loop.env_step - self.learning_starts + self.collect_n)
 
     def _read(self, result: Mapping[str, Any], task_id: str) -> Optional[List[Dict[str, Any]]]:
         lag = self.loop.train_iter - int(result.get("policy_iter", 0))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
+import pytest
+
 from nervex.policy import CollectSpec, LearnSpec
 from nervex.system.comm.storage import Storage
 from nervex.system.learner_data import DataIntake
@@ -12,11 +14,11 @@ from nervex.system.learner_data import DataIntake
 MISSING = "samples/" + "0" * 64 + ".safetensors"
 
 
-def make_intake(tmp_path) -> DataIntake:
+def make_intake(tmp_path, learning_starts: int = 0, update_per_collect: int = 1) -> DataIntake:
     """An off-policy intake over a real (empty) storage path; its loop holds only the counters it reads and moves."""
     contract = SimpleNamespace(
         on_policy=False,
-        learn=LearnSpec(batch_size=4, update_per_collect=1, learning_starts=0),
+        learn=LearnSpec(batch_size=4, update_per_collect=update_per_collect, learning_starts=learning_starts),
         collect=CollectSpec("sample", 8),
     )
     loop = SimpleNamespace(contract=contract, train_iter=0, env_step=0)
@@ -46,3 +48,22 @@ def test_game_outcomes_are_counted_exactly_even_when_the_samples_are_gone(tmp_pa
     assert figures["rollout/win_rate"] == 3 / 5
     assert figures["data/missing"] == 3.0 and intake.loop.env_step == 24 and intake.seq == 3
     assert figures["rollout/ep_rew_mean"] == (1 + 1 + 0 - 1 + 1 + 0) / 6
+
+
+@pytest.mark.parametrize(
+    "env_step_after, env_steps, credited",
+    [
+        (504, 8, 8),  # one collection ending past learning_starts (500): all of it, as serial trains after it
+        (512, 8, 8),  # a later one: all of it
+        (1024, 1024, 532),  # a large first result: the 524 steps past 500 plus one collection (serial: 66 collections, 528)
+        (2048, 1024, 1024),  # every result after the crossing: all of it
+    ],
+    ids=["crossing collection", "next collection", "large crossing result", "large later result"],
+)
+def test_the_result_crossing_learning_starts_earns_what_serial_mode_would_train(
+    tmp_path, env_step_after, env_steps, credited
+):
+    intake = make_intake(tmp_path, learning_starts=500, update_per_collect=4)
+    intake.loop.env_step = env_step_after
+    assert intake._credited_steps(env_steps) == credited
+    assert intake.ratio == 4 / 8
