@@ -55,7 +55,8 @@ def test_game_outcomes_are_counted_exactly_even_when_the_samples_are_gone(tmp_pa
     [
         (504, 8, 8),  # one collection ending past learning_starts (500): all of it, as serial trains after it
         (512, 8, 8),  # a later one: all of it
-        (1024, 1024, 532),  # a large first result: the 524 steps past 500 plus one collection (serial: 66 collections, 528)
+        # a large first result: the 524 steps past 500 plus one collection (serial: 66 collections, 528)
+        (1024, 1024, 532),
         (2048, 1024, 1024),  # every result after the crossing: all of it
     ],
     ids=["crossing collection", "next collection", "large crossing result", "large later result"],
