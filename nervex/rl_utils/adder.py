@@ -411,21 +411,7 @@ class Adder:
         terminated = np.array([tr["terminated"] for tr in data], dtype=bool)
         truncated = np.array([tr["truncated"] for tr in data], dtype=bool)
         reward = np.array([tr["reward"] for tr in data], dtype=np.float32)
-        next_value = np.empty_like(value)
-        next_value[:-1] = value[1:]
-        next_value[-1] = last_value
-        given = [t for t, tr in enumerate(data) if "next_value" in tr]
-        for t in given:
-            next_value[t] = np.asarray(data[t]["next_value"], dtype=np.float32).reshape(value.shape[1:])
-        missing = truncated[:-1] & ~terminated[:-1]
-        missing[given[:-1] if given and given[-1] == len(data) - 1 else given] = False
-        if missing.any():
-            t = int(np.flatnonzero(missing)[0])
-            raise ValueError(
-                f"Adder.get_gae: transition {t} of {len(data)} is truncated but is not the last one and has no "
-                f"'next_value'; store V(next_obs) as 'next_value' in truncated transitions, or end the data there"
-            )
-        next_value[terminated] = 0.0
+        next_value = _next_values(data, value, terminated, truncated, last_value)
         fields = []
         for field in (reward, terminated, truncated):
             # A per-step scalar (the usual reward and flags) applies to every element of a vector value.
@@ -440,6 +426,29 @@ class Adder:
             sample["return"] = ret[t]
             samples.append(sample)
         return samples
+
+
+def _next_values(
+    data: List[Transition], value: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, last_value: float
+) -> np.ndarray:
+    """``V`` of each step's next observation for ``Adder.get_gae`` (its docstring lists the cases); 0 where
+    terminated. Raises ``ValueError`` for a truncated step other than the last without ``next_value``."""
+    next_value = np.empty_like(value)
+    next_value[:-1] = value[1:]
+    next_value[-1] = last_value
+    given = [t for t, tr in enumerate(data) if "next_value" in tr]
+    for t in given:
+        next_value[t] = np.asarray(data[t]["next_value"], dtype=np.float32).reshape(value.shape[1:])
+    missing = truncated[:-1] & ~terminated[:-1]
+    missing[given[:-1] if given and given[-1] == len(data) - 1 else given] = False
+    if missing.any():
+        t = int(np.flatnonzero(missing)[0])
+        raise ValueError(
+            f"Adder.get_gae: transition {t} of {len(data)} is truncated but is not the last one and has no "
+            f"'next_value'; store V(next_obs) as 'next_value' in truncated transitions, or end the data there"
+        )
+    next_value[terminated] = 0.0
+    return next_value
 
 
 def _stack_dicts(chunk: List[Dict[str, Any]]) -> Dict[str, Any]:
