@@ -263,10 +263,25 @@ def _model_action_dim(act_space: Any) -> int:
     raise ConfigError(f"cannot size the model's output from the action space {act_space}; set model.action_dim")
 
 
+def _model_state_dim(env_info: Any) -> int:
+    """The global state's size: ``BaseEnvInfo.state_space``, else the ``global_state`` key of a Dict observation."""
+    import gymnasium as gym
+
+    space = getattr(env_info, "state_space", None)
+    if space is None and isinstance(env_info.obs_space, gym.spaces.Dict):
+        space = env_info.obs_space.spaces.get("global_state")
+    if space is None or space.shape is None:
+        raise ConfigError(
+            "cannot size model.state_dim: the env declares no global state (BaseEnvInfo.state_space or a "
+            "'global_state' observation key); set model.state_dim, or use an env adapter that gives one"
+        )
+    return int(np.prod(space.shape))
+
+
 def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], env_info: Any) -> None:
     """Fill ``obs_dim``/``obs_shape``/``action_dim``/``action_space`` of the model config from the env's spaces,
-    and ``action_low``/``action_high`` (lists, from a ``Box``'s ``low``/``high``), for the keys the model's
-    constructor takes and the config leaves out.
+    and ``action_low``/``action_high`` (lists, from a ``Box``'s ``low``/``high``), ``agent_num`` and ``state_dim``
+    (the global state's size) for the keys the model's constructor takes and the config leaves out.
 
     A Dict observation space sizes the input from its ``obs`` key (the action mask and ``to_play`` are not model
     inputs); a simultaneous-move env's per-agent observations (leading axis ``agent_num``) size one agent's input;
@@ -290,6 +305,10 @@ def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], en
             model_cfg["obs_dim"] = int(np.prod(obs_shape)) if len(obs_shape) <= 1 else list(obs_shape)
         if wanted("obs_shape"):
             model_cfg["obs_shape"] = list(obs_shape)
+    if wanted("agent_num"):
+        model_cfg["agent_num"] = int(getattr(env_info, "agent_num", 1))
+    if wanted("state_dim"):
+        model_cfg["state_dim"] = _model_state_dim(env_info)
     act_space = env_info.act_space
     if wanted("action_dim"):
         model_cfg["action_dim"] = _model_action_dim(act_space)
@@ -350,12 +369,16 @@ def make_env_managers(
 
 
 def make_policy(cfg: Mapping[str, Any], env_info: Any, enable_field: Optional[Sequence[str]] = None) -> Any:
-    """The policy of ``cfg.policy``, its model's sizes filled from ``env_info`` where the config leaves them out."""
+    """The policy of ``cfg.policy``, its model's sizes filled from ``env_info`` where the config leaves them out, and a
+    ``team_reward: env`` (cooperative policies) resolved to the env's ``BaseEnvInfo.team_reward``."""
     policy_cls = resolve_policy_class(cfg["policy"])
     policy_cfg = dict(to_plain(cfg["policy"]))
     model_cfg = dict(policy_cfg.get("model") or {})
     fill_model_from_env(model_cfg, policy_cls.model_class(policy_cfg), env_info)
     policy_cfg["model"] = model_cfg
+    if policy_cfg.get("team_reward") == "env":
+        # a cooperative policy learns from the team reward, reduced from the per-agent rewards as the env states
+        policy_cfg["team_reward"] = getattr(env_info, "team_reward", "sum")
     return policy_cls(policy_cfg, enable_field=enable_field)
 
 

@@ -6,6 +6,7 @@ from .factory import ENV_PIPELINE_KEYS, create_env, get_env_cls
 from .gym_env import GymEnv, UnknownEnvIdError
 from .multi_agent import TEAM_REDUCTIONS, agent_array, reward_shape, sample_action, team_value
 from .pettingzoo_env import PettingZooAECEnv
+from .two_step import TwoStepGameEnv
 from .wrappers import ENV_WRAPPER_REGISTRY
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "EnvResetRequest",
     "GymEnv",
     "PettingZooAECEnv",
+    "TwoStepGameEnv",
     "UnknownEnvIdError",
     "ENV_WRAPPER_REGISTRY",
     "ENV_PIPELINE_KEYS",

@@ -4,6 +4,20 @@ An env with several agents (or seats of a game) names them in ``BaseEnvInfo.agen
 returns, outcomes) travel as arrays ordered like ``agent_ids``. These helpers turn an env's dict keyed by agent id
 into that array, reduce it to the team's value as ``BaseEnvInfo.team_reward`` says, and draw a uniformly random
 *legal* action under an action mask (the random warm-up and the ``random`` act-only slot use it).
+
+A cooperative (simultaneous-move) env with ``N`` agents, as its adapters give it (``TwoStepGameEnv`` is the smallest
+example; the PettingZoo ``ParallelEnv``, LBF and VMAS adapters follow the same layout):
+
+- observation: a dict ``{'obs': (N, obs_dim) float32, 'global_state': (state_dim,) float32, 'action_mask': (N, A)
+  int8 (discrete actions; 1 = legal), 'alive': (N,) int8 (1 while the agent is in the episode)}``; ``obs`` rows of
+  agents with smaller observations are zero-padded to the widest; ``action_mask`` and ``alive`` may be absent (all
+  legal, all alive);
+- action: ``(N,)`` int64 under a ``MultiDiscrete`` space, or ``(N, act_dim)`` float32 under a ``Box`` of that shape;
+- reward: ``(N,)`` float, one per agent; the team's is ``team_value(reward, info.team_reward)`` (cooperative policies
+  take ``policy.team_reward: env`` to learn from that reduction);
+- ``info['episode_return']`` at the end: ``(N,)``; optional per-episode figures the env measures (a coverage rate, a
+  win flag) travel in ``info['episode_stats']``, a dict of floats, and are logged as ``rollout/<name>`` and
+  ``eval/<name>``.
 """
 
 from __future__ import annotations
