@@ -370,7 +370,8 @@ def make_env_managers(
 
 def make_policy(cfg: Mapping[str, Any], env_info: Any, enable_field: Optional[Sequence[str]] = None) -> Any:
     """The policy of ``cfg.policy``, its model's sizes filled from ``env_info`` where the config leaves them out, and a
-    ``team_reward: env`` (cooperative policies) resolved to the env's ``BaseEnvInfo.team_reward``."""
+    ``team_reward: env`` (cooperative policies) resolved to the env's ``BaseEnvInfo.team_reward``, and an unset
+    ``max_episode_len`` (whole-episode policies: COMA) to its ``max_episode_steps``."""
     policy_cls = resolve_policy_class(cfg["policy"])
     policy_cfg = dict(to_plain(cfg["policy"]))
     model_cfg = dict(policy_cfg.get("model") or {})
@@ -379,6 +380,9 @@ def make_policy(cfg: Mapping[str, Any], env_info: Any, enable_field: Optional[Se
     if policy_cfg.get("team_reward") == "env":
         # a cooperative policy learns from the team reward, reduced from the per-agent rewards as the env states
         policy_cfg["team_reward"] = getattr(env_info, "team_reward", "sum")
+    if "max_episode_len" in policy_cls.config and policy_cfg.get("max_episode_len") is None:
+        # a whole-episode learner (COMA) pads its episodes to the env's time limit
+        policy_cfg["max_episode_len"] = getattr(env_info, "max_episode_steps", None)
     return policy_cls(policy_cfg, enable_field=enable_field)
 
 

@@ -13,6 +13,7 @@ from .base_policy import (
     register_policy,
     set_seed,
 )
+from .coma import COMAPolicy
 from .common_policy import CommonPolicy, standard_transition
 from .contract import (
     OFF_POLICY_CONFIG,
@@ -57,4 +58,5 @@ __all__ = [
     "RainbowPolicy",
     "R2D2Policy",
     "IMPALAPolicy",
+    "COMAPolicy",
 ]
