@@ -200,7 +200,8 @@ class COMAPolicy(CommonPolicy):
         adv = coma_advantage(q.detach(), pi[:steps].detach(), action, ep.agent_mask)
         pi_taken = pi[:steps].gather(-1, action.unsqueeze(-1)).squeeze(-1)
         log_pi = torch.where(ep.agent_mask > 0, pi_taken, torch.ones_like(pi_taken)).log()
-        entropy = masked_mean(-torch.special.xlogy(pi[:steps], pi[:steps]).sum(-1), ep.agent_mask)
+        # pi is exactly 0 on illegal actions: clamp inside the log so their gradient stays finite (xlogy's is NaN)
+        entropy = masked_mean(-(pi[:steps] * pi[:steps].clamp(min=1e-10).log()).sum(-1), ep.agent_mask)
         policy_loss = -masked_mean(adv.advantage * log_pi, ep.agent_mask)
         actor_loss = policy_loss - self._cfg.learn.entropy_weight * entropy
         for optimizer, loss in ((self._critic_optimizer, critic_loss), (self._actor_optimizer, actor_loss)):
