@@ -216,7 +216,7 @@ def test_save_then_load_gives_identical_actions(trained, tmp_path):
         b = loaded.eval_mode.forward(ids, obs)
         assert all(np.array_equal(a[i]["action"], b[i]["action"]) for i in ids)
         obs = {i: envs[i].step(a[i]["action"]).obs for i in ids}
-    batch = _masked_obs(8)
+    batch = collate([TwoStepGameEnv().reset() for _ in range(8)])
     actions = []
     for p in (policy, loaded):
         p._reset_collect()
