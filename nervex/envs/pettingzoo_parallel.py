@@ -54,6 +54,17 @@ def make_parallel_env(env_id: str, env_kwargs: Mapping[str, Any]) -> Any:
     return factory(**dict(env_kwargs))
 
 
+def _import_function(spec: str) -> Callable[..., Any]:
+    """The function ``'module:function'`` names (config key ``episode_stats``, from the local config file)."""
+    module_name, sep, attr = str(spec).partition(":")
+    fn = getattr(importlib.import_module(module_name), attr, None) if sep else None
+    if not callable(fn):
+        raise ValueError(
+            f"pettingzoo_parallel config key 'episode_stats' must name a function as 'module:function', got {spec!r}"
+        )
+    return fn
+
+
 def _obs_part(space: gym.Space, agent: str) -> Tuple[gym.spaces.Box, bool]:
     """The Box of an agent's own observation and whether its observations are dicts carrying ``action_mask``."""
     if isinstance(space, gym.spaces.Dict) and "observation" in space.spaces:
@@ -120,6 +131,9 @@ class PettingZooParallelEnv(BaseEnv):
     - ``team_reward``: ``'sum'`` (default) or ``'mean'``, how per-agent rewards make the team's. MPE papers report
       the sum over agents (every simple_spread agent gets the shared coverage term, so the sum counts it N times).
     - ``max_episode_steps``: a step limit of the adapter's own (``None``: the env's); reaching it truncates.
+    - ``episode_stats``: ``None`` or ``'module:function'``, a function of the PettingZoo env returning a dict of
+      floats measured at each episode's end (``info['episode_stats']``; e.g.
+      ``app_zoo.multiagent.mpe.envs:spread_coverage``).
 
     Observation ``{'obs': float32 (N, obs_dim), 'global_state': float32 (S,), 'action_mask': int8 (N, A)
     (discrete only), 'alive': int8 (N,)}``: each agent's observation flattened into its row, zero-padded to the widest
@@ -145,7 +159,7 @@ class PettingZooParallelEnv(BaseEnv):
     """
 
     config: Dict[str, Any] = dict(
-        env_id="mpe2.simple_spread_v3", env_kwargs={}, team_reward="sum", max_episode_steps=None
+        env_id="mpe2.simple_spread_v3", env_kwargs={}, team_reward="sum", max_episode_steps=None, episode_stats=None
     )
 
     def __init__(self, cfg: Optional[Mapping[str, Any]] = None) -> None:
@@ -161,6 +175,8 @@ class PettingZooParallelEnv(BaseEnv):
             raise ValueError(f"{type(self).__name__} config key 'max_episode_steps' must be None or an int >= 1")
         if not isinstance(merged["env_kwargs"], Mapping):
             raise TypeError(f"{type(self).__name__} config key 'env_kwargs' must be a mapping")
+        if merged["episode_stats"] is not None:
+            _import_function(merged["episode_stats"])  # a misnamed function fails here, not at an episode's end
         self._env: Any = None
         self._info: Optional[BaseEnvInfo] = None
         self._ids: Tuple[str, ...] = ()
@@ -367,8 +383,14 @@ class PettingZooParallelEnv(BaseEnv):
         return out
 
     def episode_stats(self) -> Dict[str, float]:
-        """Per-episode figures measured at the episode's end (``info['episode_stats']``); none here, subclasses add."""
-        return {}
+        """Per-episode figures measured at the episode's end (``info['episode_stats']``): the config's function's."""
+        spec = self._cfg["episode_stats"]
+        if spec is None:
+            return {}
+        stats = _import_function(spec)(self._env)
+        if not isinstance(stats, Mapping) or not all(isinstance(k, str) for k in stats):
+            raise TypeError(f"{self!r}: episode_stats function {spec!r} must return a dict of str -> float")
+        return {k: float(v) for k, v in stats.items()}
 
     def info(self) -> BaseEnvInfo:
         """Spaces, ``agent_ids`` (``possible_agents``), a per-agent ``rew_space``, ``team_reward`` and ``state_space``."""
