@@ -219,14 +219,16 @@ def run_nervex(
 # ---- baselines of the spread part ----------------------------------------------------------------------------------
 def spread_baselines(episodes: int = 200, seed: int = 12345) -> Dict[str, float]:
     """The team return (sum over agents, 25 steps) of the random policy and of the assignment heuristic."""
-    from app_zoo.multiagent.mpe.envs import measure_baselines
+    from app_zoo.multiagent.mpe.envs import measure_spread_baselines
 
-    return measure_baselines(episodes=episodes, seed=seed)
+    return dict(measure_spread_baselines(episodes=episodes, seed=seed), episodes=episodes, seed=seed)
 
 
 def gap_fraction(value: float, base: Mapping[str, float]) -> float:
     """How much of the random -> heuristic gap a return closes: 0 = random, 1 = heuristic."""
-    return (value - base["random"]) / (base["heuristic"] - base["random"])
+    from app_zoo.multiagent.mpe.envs import gap_closed
+
+    return gap_closed(value, base)
 
 
 # ---- running -------------------------------------------------------------------------------------------------------
