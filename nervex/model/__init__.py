@@ -10,6 +10,7 @@ from .agent_net import AgentNet
 from .discrete_net import ConvDiscreteNet, FCDiscreteNet
 from .drqn import DRQN
 from .head import C51_N_ATOM, C51_V_MAX, C51_V_MIN, DiscreteHead, DistributionalHead
+from .mappo import MAPPO
 from .noisy import NoisyLinear, factorized_noise
 from .qac import QAC, BatchedCritics
 from .value_ac import ConvValueAC, ValueAC
@@ -33,6 +34,7 @@ def create_model(model_type: str, **kwargs: Any) -> nn.Module:
 
 __all__ = [
     "AgentNet",
+    "MAPPO",
     "FCDiscreteNet",
     "ConvDiscreteNet",
     "DRQN",

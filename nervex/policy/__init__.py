@@ -25,6 +25,7 @@ from .contract import (
 from .ddpg import DDPGPolicy
 from .dqn import DQNPolicy
 from .impala import IMPALAPolicy
+from .mappo import MAPPOPolicy
 from .ppo import PPOPolicy
 from .r2d2 import R2D2Policy
 from .rainbow import RainbowPolicy
@@ -57,4 +58,5 @@ __all__ = [
     "RainbowPolicy",
     "R2D2Policy",
     "IMPALAPolicy",
+    "MAPPOPolicy",
 ]
