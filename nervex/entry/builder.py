@@ -244,14 +244,18 @@ def _model_obs_shape(env_info: Any) -> Tuple[int, ...]:
     return shape
 
 
-def _model_action_dim(act_space: Any) -> int:
-    """Actions of one agent: Discrete ``n``, a Box's size, the common size of a per-agent MultiDiscrete."""
+def _model_action_dim(act_space: Any, agent_num: int = 1) -> int:
+    """Actions of one agent: Discrete ``n``, a Box's size (one agent's row of a ``(agent_num, act_dim)`` Box), the
+    common size of a per-agent MultiDiscrete."""
     import gymnasium as gym
 
     if isinstance(act_space, gym.spaces.Discrete):
         return int(act_space.n)
     if isinstance(act_space, gym.spaces.Box):
-        return int(np.prod(act_space.shape))
+        shape = tuple(act_space.shape)
+        if agent_num > 1 and len(shape) > 1 and shape[0] == agent_num:
+            shape = shape[1:]  # actions stacked per agent: a (shared) agent net outputs one row
+        return int(np.prod(shape))
     if isinstance(act_space, gym.spaces.MultiDiscrete) and act_space.nvec.ndim == 1:
         sizes = sorted(set(act_space.nvec.tolist()))
         if len(sizes) == 1:
@@ -311,7 +315,8 @@ def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], en
         model_cfg["state_dim"] = _model_state_dim(env_info)
     act_space = env_info.act_space
     if wanted("action_dim"):
-        model_cfg["action_dim"] = _model_action_dim(act_space)
+        agents = 1 if getattr(env_info, "turn_based", False) else int(getattr(env_info, "agent_num", 1))
+        model_cfg["action_dim"] = _model_action_dim(act_space, agents)
     if wanted("action_space"):
         discrete = isinstance(act_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
         if not discrete and not isinstance(act_space, gym.spaces.Box):

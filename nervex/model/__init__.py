@@ -11,6 +11,7 @@ from .coma import COMA, COMACritic
 from .discrete_net import ConvDiscreteNet, FCDiscreteNet
 from .drqn import DRQN
 from .head import C51_N_ATOM, C51_V_MAX, C51_V_MIN, DiscreteHead, DistributionalHead
+from .mappo import MAPPO
 from .noisy import NoisyLinear, factorized_noise
 from .qac import QAC, BatchedCritics
 from .value_ac import ConvValueAC, ValueAC
@@ -36,6 +37,7 @@ __all__ = [
     "AgentNet",
     "COMA",
     "COMACritic",
+    "MAPPO",
     "FCDiscreteNet",
     "ConvDiscreteNet",
     "DRQN",

@@ -26,6 +26,7 @@ from .contract import (
 from .ddpg import DDPGPolicy
 from .dqn import DQNPolicy
 from .impala import IMPALAPolicy
+from .mappo import MAPPOPolicy
 from .ppo import PPOPolicy
 from .r2d2 import R2D2Policy
 from .rainbow import RainbowPolicy
@@ -59,4 +60,5 @@ __all__ = [
     "R2D2Policy",
     "IMPALAPolicy",
     "COMAPolicy",
+    "MAPPOPolicy",
 ]
