@@ -51,7 +51,9 @@ class SerialActor:
     episode's end), with its rewards of every step in between summed (``nervex.worker.actor.turns``). The actor only
     provides what needs the policy's forward: a truncated transition gets ``next_<field>`` from one batched
     ``collect_mode.bootstrap`` call before it reaches the Adder, and so does the last transition of an on-policy
-    rollout before the Adder is flushed. A single-agent env has one seat and one learning slot.
+    rollout before the Adder is flushed. A single-agent env has one seat and one learning slot. With independent
+    learners (``independent: true``, ``nervex.worker.actor.agents``) every agent of a simultaneous-move env is a
+    trajectory of its own, keyed ``env_id * agent_num + agent``; the units below still count env steps.
 
     - unit ``sample`` (off-policy): ``n`` env steps; the samples the Adder emitted meanwhile (incomplete windows
       carry into the next call);

@@ -265,7 +265,8 @@ def test_ddpg_learns_a_shared_actor_on_a_continuous_env_of_two_agents(tmp_path):
         "evaluator": {"n_episode": 1, "eval_freq": 100000, "stop_val": 100},
     }
     with SerialTrainer(cfg, seed=0, exp_name="ddpg", run_root=str(tmp_path)) as trainer:
-        assert trainer.policy.model.action_dim == 1
+        model = trainer.policy.model
+        assert model.action_dim == 1 and model.action_low.tolist() == [-1.0] and model.action_high.tolist() == [1.0]
         trainer.run(progress=False)
         figures = trainer.loop.evaluate()
     # a random actor earns -2.9 per agent, the untrained one (actions near 0) about -1.25; reaching a target: 0
