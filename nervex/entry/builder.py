@@ -267,6 +267,25 @@ def _model_action_dim(act_space: Any, agent_num: int = 1) -> int:
     raise ConfigError(f"cannot size the model's output from the action space {act_space}; set model.action_dim")
 
 
+def _one_agent_box(env_info: Any, need_bounds: bool) -> Any:
+    """The action space one agent's model acts in: row 0 of a simultaneous-move env's per-agent ``Box`` shaped
+    ``(agent_num, ...)`` (every agent's bounds equal where ``need_bounds``), else the env's action space."""
+    import gymnasium as gym
+
+    space = env_info.act_space
+    agents = getattr(env_info, "agent_num", 1)
+    if not isinstance(space, gym.spaces.Box) or agents < 2 or getattr(env_info, "turn_based", False):
+        return space
+    if space.shape[:1] != (agents,):
+        return space
+    if need_bounds and not ((space.low == space.low[0]).all() and (space.high == space.high[0]).all()):
+        raise ConfigError(
+            f"cannot size model.action_low/action_high: the agents of {space} have different bounds; a shared agent "
+            "net needs one: set model.action_low and model.action_high"
+        )
+    return gym.spaces.Box(space.low[0], space.high[0], dtype=space.dtype)
+
+
 def _model_state_dim(env_info: Any) -> int:
     """The global state's size: ``BaseEnvInfo.state_space``, else the ``global_state`` key of a Dict observation."""
     import gymnasium as gym
@@ -313,7 +332,7 @@ def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], en
         model_cfg["agent_num"] = int(getattr(env_info, "agent_num", 1))
     if wanted("state_dim"):
         model_cfg["state_dim"] = _model_state_dim(env_info)
-    act_space = env_info.act_space
+    act_space = _one_agent_box(env_info, wanted("action_low") or wanted("action_high"))  # per agent, like obs_dim
     if wanted("action_dim"):
         agents = 1 if getattr(env_info, "turn_based", False) else int(getattr(env_info, "agent_num", 1))
         model_cfg["action_dim"] = _model_action_dim(act_space, agents)
