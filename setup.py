@@ -38,6 +38,7 @@ setup(
             "imageio>=2.14",
             "gymnasium[box2d]>=1.0",  # LunarLander configs are smoke-tested too
             "pettingzoo[classic]>=1.24",  # the games (tic-tac-toe) and the PettingZoo adapter's tests
+            "vmas>=1.5",  # VmasEnvManager's tests
         ],
         "fast": [],  # kept for old install commands: numba, which it used to add, is now a dependency
         "bench": [
@@ -47,6 +48,7 @@ setup(
             "rl_zoo3>=2.3",  # bench/zoo.py reads its hyperparams/*.yml
             "matplotlib>=3.5",
             "gymnasium[box2d]>=1.0",  # LunarLander
+            "benchmarl>=1.5",  # bench/marl_benchmarl.py: the peer on VMAS simple_spread
         ],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],  # cv2: the reference INTER_AREA resize
         "mujoco": ["mujoco>=3.0", "imageio>=2.14"],
@@ -56,6 +58,8 @@ setup(
         # turn-based games through nervex.envs.PettingZooAECEnv (tic-tac-toe is PettingZoo's classic/tictactoe-v3);
         # the classic family's renderer wants pygame(-ce), which PettingZoo's extra pulls
         "games": ["pettingzoo[classic]>=1.24"],
+        # cooperative multi-agent envs: VMAS (env_type vmas with manager_type vmas)
+        "marl": ["vmas>=1.5"],
         "dist": [],  # kept for old install commands: the parallel mode's packages are dependencies now
     },
     entry_points={"console_scripts": ["nervex=nervex.entry.cli:main"]},
