@@ -165,11 +165,20 @@ class VmasEnvManager:
         if actions.keys() != self._ready.keys():
             raise self._mismatch_error(actions)
         env_ids = list(actions)
-        batch, obs, reward, terminated, truncated = self._batch, *self._step_batch(env_ids, list(actions.values()))
+        obs, reward, terminated, truncated = self._step_batch(env_ids, list(actions.values()))
         self._returns += reward
         self._lens += 1
-        done = (terminated | truncated).tolist()
-        env_obs = batch.env_obs(obs)
+        done = terminated | truncated
+        env_obs, rewards = self._batch.env_obs(obs), list(reward)  # per-env views, made at C speed
+        if not done.any():  # most steps: one comprehension, no branch per env
+            self._ready = {env_id: env_obs[env_id] for env_id in env_ids}
+            return {
+                env_id: _new_timestep(
+                    BaseEnvTimestep,
+                    (env_obs[env_id], rewards[env_id], False, {"terminated": False, "truncated": False}),
+                )
+                for env_id in env_ids
+            }
         out: Dict[int, BaseEnvTimestep] = {}
         ended: List[int] = []
         ready = self._ready = {}
@@ -185,7 +194,7 @@ class VmasEnvManager:
             else:
                 info = {"terminated": False, "truncated": False}
                 ready[env_id] = env_obs[env_id]
-            out[env_id] = _new_timestep(BaseEnvTimestep, (env_obs[env_id], reward[env_id], done[env_id], info))
+            out[env_id] = _new_timestep(BaseEnvTimestep, (env_obs[env_id], rewards[env_id], bool(done[env_id]), info))
         if ended:
             self._end_episodes(ended)
         return out
