@@ -63,6 +63,17 @@ def _seeded_state(seed: int) -> List[Any]:
     return state
 
 
+def _check_cfg(cfg: Mapping[str, Any]) -> None:
+    """The checks ``compile_config`` makes from ``VMAS_CONFIG``'s fields, for an env built from Python."""
+    steps = cfg["max_steps"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"vmas config key 'max_steps' must be an int >= 1 (the episode length), got {steps!r}")
+    if cfg["team_reward"] not in ("sum", "mean"):
+        raise ValueError(f"vmas config key 'team_reward' must be 'sum' or 'mean', got {cfg['team_reward']!r}")
+    if not isinstance(cfg["scenario_kwargs"], Mapping):
+        raise TypeError(f"vmas config key 'scenario_kwargs' must be a mapping, got {cfg['scenario_kwargs']!r}")
+
+
 class VmasBatch:
     """``num_envs`` envs of one VMAS scenario stepped as one torch call, as NumPy arrays with a leading env axis.
 
@@ -80,13 +91,12 @@ class VmasBatch:
             from vmas.simulator.environment import Environment
         except ImportError as e:
             raise ImportError(f"env_type 'vmas' needs the vmas package: pip install -e '.[marl]' ({e})") from e
-        if cfg["team_reward"] not in ("sum", "mean"):
-            raise ValueError(f"vmas config key 'team_reward' must be 'sum' or 'mean', got {cfg['team_reward']!r}")
-
+        _check_cfg(cfg)
         self._shared_state = Environment.vmas_random_state
         self._state = _seeded_state(0)  # unseeded batches are still reproducible
         self.num_envs = num_envs
-        self.name = f"vmas {cfg['scenario']}"
+        scenario = cfg["scenario"]
+        self.name = f"vmas {scenario if isinstance(scenario, str) else type(scenario).__name__}"
         with self._own_stream():
             self._env = vmas.make_env(
                 cfg["scenario"],
@@ -160,7 +170,7 @@ class VmasBatch:
         """VMAS's per-agent ``(B, obs_dim_i)`` tensors as one ``(B, n, obs_dim)`` float32 array (zero-padded)."""
         if len(set(self._obs_dims)) > 1:
             obs = [torch.nn.functional.pad(o, (0, self.obs_dim - o.shape[1])) for o in obs]
-        return torch.stack(obs, dim=1).numpy()
+        return torch.stack(obs, dim=1).cpu().numpy()  # .cpu(): a no-op on the CPU
 
     def reset(self, seed: Optional[int] = None) -> np.ndarray:
         """Reset every env (``seed``: reseed the batch's stream first). Returns ``(B, n, obs_dim)``."""
@@ -191,7 +201,8 @@ class VmasBatch:
             per_agent = [t[:, i : i + 1] for i in range(self.agent_num)]
         with self._own_stream():
             obs, reward, terminated, truncated, _ = self._env.step(per_agent)
-        return self._obs_array(obs), torch.stack(reward, dim=1).numpy(), terminated.numpy(), truncated.numpy()
+        rewards = torch.stack(reward, dim=1).cpu().numpy()
+        return self._obs_array(obs), rewards, terminated.cpu().numpy(), truncated.cpu().numpy()
 
     def check_actions(self, actions: np.ndarray, env_ids: Sequence[int]) -> np.ndarray:
         """``actions`` (one row per env of ``env_ids``) as the dtype VMAS takes, after checking them.

@@ -271,3 +271,16 @@ def test_team_return_is_the_mean_of_the_per_agent_returns():
         step = m.step({0: np.array([1, 2, 3])})[0]
         rewards.append(float(step.reward.mean()))
     assert team_value(step.info["episode_return"], m.env_info().team_reward) == pytest.approx(sum(rewards), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        (dict(max_steps=0), r"'max_steps' must be an int >= 1"),
+        (dict(team_reward="max"), r"'team_reward' must be 'sum' or 'mean'"),
+        (dict(scenario_kwargs=[3]), r"'scenario_kwargs' must be a mapping"),
+    ],
+)
+def test_bad_config_values_are_named(cfg, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        VmasEnv(cfg).info()
