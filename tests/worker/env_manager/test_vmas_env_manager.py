@@ -284,3 +284,35 @@ def test_team_return_is_the_mean_of_the_per_agent_returns():
 def test_bad_config_values_are_named(cfg, match):
     with pytest.raises((ValueError, TypeError), match=match):
         VmasEnv(cfg).info()
+
+
+@pytest.mark.parametrize("policy", ["qmix", "mappo"])
+def test_shipped_configs_run_benchmarls_default_simple_spread_task(policy):
+    """The env sections of the shipped configs hold BenchMARL's task settings and build the vmas managers (the
+    policy section belongs to the qmix/mappo policies; DQN stands in for it here)."""
+    import importlib.util
+    import os
+
+    import yaml
+
+    from nervex.config import read_config
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    cfg = read_config(
+        os.path.join(root, "app_zoo", "multiagent", "vmas", "config", f"vmas_simple_spread_{policy}.yaml")
+    )
+    spec = importlib.util.find_spec("benchmarl")  # its location only: importing it (torchrl) takes seconds
+    if spec is None:
+        pytest.skip("benchmarl is not installed")
+    task_yaml = os.path.join(spec.submodule_search_locations[0], "conf", "task", "vmas", "simple_spread.yaml")
+    with open(task_yaml) as f:
+        task = {k: v for k, v in yaml.safe_load(f).items() if k != "defaults"}
+    env = cfg["env"]
+    assert dict(max_steps=env["max_steps"], **env["scenario_kwargs"]) == task
+    assert env["continuous_actions"] is (policy == "mappo")  # BenchMARL: QMIX discrete, MAPPO prefers continuous
+    cfg["policy"] = dict(policy_type="dqn", model=dict(hidden_sizes=[8]))
+    cfg.pop("replay_buffer", None)
+    cfg["env"].update(collector_env_num=2, evaluator_env_num=2)
+    collector, evaluator, info = make_env_managers(compile_config(cfg), seed=0)
+    assert isinstance(collector, VmasEnvManager) and isinstance(evaluator, VmasEnvManager)
+    assert info.agent_num == 3 and info.max_episode_steps == 100 and info.team_reward == "mean"
