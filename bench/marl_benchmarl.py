@@ -24,7 +24,8 @@ The experiment is BenchMARL's default: ``conf/experiment/base_experiment.yaml``,
 left at its 3M (the budget stops the run first). QMIX acts on VMAS's discrete actions (9 per agent), MAPPO on the
 continuous ones (``prefer_continuous_actions: True`` in BenchMARL's default). The budget is enforced by a BenchMARL
 ``Callback`` that checks the clock after each collected batch and each optimizer step and stops the experiment by
-raising, after one last evaluation.
+raising, after one last evaluation (BenchMARL then prints "Experiment failed and is closing gracefully": it closes
+its collector and logger, and the child returns the figures).
 
     python bench/marl_benchmarl.py --algorithm qmix --seed 0 --budget 60 --out runs/benchmarl_smoke
 """

@@ -316,3 +316,15 @@ def test_shipped_configs_run_benchmarls_default_simple_spread_task(policy):
     collector, evaluator, info = make_env_managers(compile_config(cfg), seed=0)
     assert isinstance(collector, VmasEnvManager) and isinstance(evaluator, VmasEnvManager)
     assert info.agent_num == 3 and info.max_episode_steps == 100 and info.team_reward == "mean"
+
+
+def test_episode_num_takes_envs_out_and_step_needs_a_launch():
+    m = VmasEnvManager(VmasEnv, {**SPREAD, "max_steps": 2}, env_num=2, episode_num=1)
+    with pytest.raises(RuntimeError, match=r"not launched; call launch\(\) or reset\(\)"):
+        m.step({})
+    m.launch()
+    for _ in range(2):
+        m.step({env_id: np.zeros(3, np.int64) for env_id in m.ready_obs})
+    assert m.done and m.ready_obs == {} and m.step({}) == {}
+    m.reset()
+    assert not m.done and sorted(m.ready_obs) == [0, 1]

@@ -162,8 +162,11 @@ class VmasEnvManager:
             KeyError: ``actions`` names an env that is not waiting for one, or leaves out one that is.
             ValueError: an action of the wrong shape, an out-of-range index, a non-finite continuous action.
         """
+        self._check_launched("step")
         if actions.keys() != self._ready.keys():
             raise self._mismatch_error(actions)
+        if not actions:
+            return {}  # every env has played its episodes: nothing to step
         env_ids = list(actions)
         obs, reward, terminated, truncated = self._step_batch(env_ids, list(actions.values()))
         self._returns += reward
@@ -239,7 +242,6 @@ class VmasEnvManager:
             self._ready = dict(sorted(self._ready.items()))
 
     def _mismatch_error(self, actions: Mapping[int, Any]) -> KeyError:
-        self._check_launched("step")
         extra = sorted(set(actions) - set(self._ready), key=str)
         missing = sorted(set(self._ready) - set(actions))
         if extra:
