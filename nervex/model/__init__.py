@@ -12,6 +12,7 @@ from .drqn import DRQN
 from .head import C51_N_ATOM, C51_V_MAX, C51_V_MIN, DiscreteHead, DistributionalHead
 from .noisy import NoisyLinear, factorized_noise
 from .qac import QAC, BatchedCritics
+from .qmix import VDN, QMix, QMixer, VDNMixer
 from .value_ac import ConvValueAC, ValueAC
 
 
@@ -33,6 +34,10 @@ def create_model(model_type: str, **kwargs: Any) -> nn.Module:
 
 __all__ = [
     "AgentNet",
+    "QMix",
+    "QMixer",
+    "VDN",
+    "VDNMixer",
     "FCDiscreteNet",
     "ConvDiscreteNet",
     "DRQN",
