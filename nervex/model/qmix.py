@@ -77,9 +77,15 @@ class QMixer(nn.Module):
         """``Q_tot`` for the per-agent Q-values ``agent_q`` in the global state ``state`` (shapes: class docstring).
 
         Raises:
-            ValueError: ``agent_q`` has no agent axis of ``agent_num`` last, or ``state`` does not match it.
+            ValueError: ``agent_q`` has no agent axis of ``agent_num`` last, or ``state`` is missing or does not match
+                it.
         """
         _check_mixer_input("QMixer", agent_q, self.agent_num)
+        if state is None:
+            raise ValueError(
+                "QMixer needs the global state (data['global_state']); the env gives none: use the vdn mixer, or an "
+                "env adapter with a 'global_state' observation key"
+            )
         lead = agent_q.shape[:-1]
         if tuple(state.shape) != (*lead, self.state_dim):
             raise ValueError(
