@@ -182,8 +182,9 @@ class QMIXPolicy(CommonPolicy):
             for t in range(longest):
                 step = {k: v[t] for k, v in inputs.items()}
                 new = self._learn_agent.forward({**step, "prev_state": state})["next_state"]
-                keep = (t < burnin).view(-1, *([1] * (state["h"].dim() - 1)))
-                state = {k: torch.where(keep, new[k], state[k]) for k in state}
+                state = {
+                    k: torch.where((t < burnin).view(-1, *[1] * (v.dim() - 1)), new[k], v) for k, v in state.items()
+                }
         return state
 
     def _team_reward(self, reward: torch.Tensor) -> torch.Tensor:
