@@ -7,9 +7,11 @@ import torch.nn as nn
 from nervex.utils import MODEL_REGISTRY
 
 from .agent_net import AgentNet
+from .coma import COMA, COMACritic
 from .discrete_net import ConvDiscreteNet, FCDiscreteNet
 from .drqn import DRQN
 from .head import C51_N_ATOM, C51_V_MAX, C51_V_MIN, DiscreteHead, DistributionalHead
+from .mappo import MAPPO
 from .noisy import NoisyLinear, factorized_noise
 from .qac import QAC, BatchedCritics
 from .qmix import VDN, QMix, QMixer, VDNMixer
@@ -38,6 +40,9 @@ __all__ = [
     "QMixer",
     "VDN",
     "VDNMixer",
+    "COMA",
+    "COMACritic",
+    "MAPPO",
     "FCDiscreteNet",
     "ConvDiscreteNet",
     "DRQN",

@@ -13,6 +13,7 @@ from .base_policy import (
     register_policy,
     set_seed,
 )
+from .coma import COMAPolicy
 from .common_policy import CommonPolicy, standard_transition
 from .contract import (
     OFF_POLICY_CONFIG,
@@ -25,6 +26,7 @@ from .contract import (
 from .ddpg import DDPGPolicy
 from .dqn import DQNPolicy
 from .impala import IMPALAPolicy
+from .mappo import MAPPOPolicy
 from .ppo import PPOPolicy
 from .qmix import QMIXPolicy
 from .r2d2 import R2D2Policy
@@ -61,4 +63,6 @@ __all__ = [
     "IMPALAPolicy",
     "QMIXPolicy",
     "VDNPolicy",
+    "COMAPolicy",
+    "MAPPOPolicy",
 ]
