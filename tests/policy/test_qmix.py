@@ -175,6 +175,21 @@ def test_burn_in_and_padding_steps_give_no_gradient():
     assert grad[2, 3] == 0  # sample 2's padding step only bootstraps
 
 
+def test_a_dead_agent_contributes_nothing():
+    """Agent 1 of sample 0 is dead throughout: its observations reach neither Q_tot nor the gradient."""
+    torch.manual_seed(0)
+    policy = make_policy(enable_field=("learn",))
+    batch = make_batch()
+    alive = torch.ones(B, T, N, dtype=torch.int8)
+    alive[0, :, 1] = 0
+    batch["obs"]["alive"] = alive
+    batch["obs"]["obs"].requires_grad_(True)
+    policy._sequence_loss(batch)["loss"].backward()
+    grad = batch["obs"]["obs"].grad.abs().sum(-1)  # (B, T, N)
+    assert grad[0, :, 1].sum() == 0
+    assert grad[0, 1:, 0].sum() > 0 and grad[1, 1:, 1].sum() > 0  # the living agents' do
+
+
 def test_learn_logs_and_lowers_the_loss():
     torch.manual_seed(0)
     policy = make_policy(enable_field=("learn",), learn=dict(learning_rate=0.01, target_update_freq=1000))
