@@ -14,6 +14,7 @@ from .head import C51_N_ATOM, C51_V_MAX, C51_V_MIN, DiscreteHead, Distributional
 from .mappo import MAPPO
 from .noisy import NoisyLinear, factorized_noise
 from .qac import QAC, BatchedCritics
+from .qmix import VDN, QMix, QMixer, VDNMixer
 from .value_ac import ConvValueAC, ValueAC
 
 
@@ -35,6 +36,10 @@ def create_model(model_type: str, **kwargs: Any) -> nn.Module:
 
 __all__ = [
     "AgentNet",
+    "QMix",
+    "QMixer",
+    "VDN",
+    "VDNMixer",
     "COMA",
     "COMACritic",
     "MAPPO",

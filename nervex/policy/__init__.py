@@ -28,10 +28,12 @@ from .dqn import DQNPolicy
 from .impala import IMPALAPolicy
 from .mappo import MAPPOPolicy
 from .ppo import PPOPolicy
+from .qmix import QMIXPolicy
 from .r2d2 import R2D2Policy
 from .rainbow import RainbowPolicy
 from .sac import SACPolicy
 from .td3 import TD3Policy
+from .vdn import VDNPolicy
 
 __all__ = [
     "Policy",
@@ -59,6 +61,8 @@ __all__ = [
     "RainbowPolicy",
     "R2D2Policy",
     "IMPALAPolicy",
+    "QMIXPolicy",
+    "VDNPolicy",
     "COMAPolicy",
     "MAPPOPolicy",
 ]

@@ -22,6 +22,7 @@ from .dist_td import categorical_projection, dist_nstep_td_data, dist_nstep_td_e
 from .exploration import epsilon_greedy
 from .gae import gae, gae_data
 from .ppo import ppo_data, ppo_error, ppo_info, ppo_loss
+from .qmix import bootstrap_agent_q, chosen_agent_q, qmix_td_data, qmix_td_error, qmix_td_target
 from .sequence_td import q_nstep_sequence_td_data, q_nstep_sequence_td_error
 from .td import (
     generalized_lambda_returns,
@@ -68,6 +69,11 @@ __all__ = [
     "q_nstep_td_error_with_rescale",
     "q_nstep_sequence_td_data",
     "q_nstep_sequence_td_error",
+    "bootstrap_agent_q",
+    "chosen_agent_q",
+    "qmix_td_data",
+    "qmix_td_error",
+    "qmix_td_target",
     "td_lambda_data",
     "td_lambda_error",
     "v_1step_td_data",
