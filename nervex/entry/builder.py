@@ -263,6 +263,31 @@ def _model_action_dim(act_space: Any) -> int:
     raise ConfigError(f"cannot size the model's output from the action space {act_space}; set model.action_dim")
 
 
+def _agent_act_space(env_info: Any) -> Any:
+    """The action space one model output sizes: a simultaneous-move env's ``Box((agent_num, act_dim))`` gives one
+    agent's ``Box((act_dim,))`` (its bounds the same for every agent), any other space itself.
+
+    Raises:
+        ConfigError: the agents' Box bounds differ (a shared actor has one set of bounds).
+    """
+    import gymnasium as gym
+
+    space, agents = env_info.act_space, getattr(env_info, "agent_num", 1)
+    per_agent = agents > 1 and not getattr(env_info, "turn_based", False) and isinstance(space, gym.spaces.Box)
+    if not per_agent or len(space.shape) < 2 or space.shape[0] != agents:
+        return space
+    low, high = space.low, space.high
+    if not (
+        np.array_equal(low, np.broadcast_to(low[:1], low.shape))
+        and np.array_equal(high, np.broadcast_to(high[:1], high.shape))
+    ):
+        raise ConfigError(
+            f"the agents of {space} have different action bounds; a shared actor needs one set: set "
+            "model.action_low and model.action_high"
+        )
+    return gym.spaces.Box(low[0], high[0], dtype=space.dtype)
+
+
 def _model_state_dim(env_info: Any) -> int:
     """The global state's size: ``BaseEnvInfo.state_space``, else the ``global_state`` key of a Dict observation."""
     import gymnasium as gym
@@ -309,7 +334,7 @@ def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], en
         model_cfg["agent_num"] = int(getattr(env_info, "agent_num", 1))
     if wanted("state_dim"):
         model_cfg["state_dim"] = _model_state_dim(env_info)
-    act_space = env_info.act_space
+    act_space = _agent_act_space(env_info)
     if wanted("action_dim"):
         model_cfg["action_dim"] = _model_action_dim(act_space)
     if wanted("action_space"):
