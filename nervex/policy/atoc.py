@@ -137,15 +137,15 @@ class ATOCPolicy(CommonPolicy):
         figures = dict(critic_loss=loss_critic, actor_loss=loss_actor, q_value=q.mean())
         # attention unit: log loss of the initiator probability against the normalized delta Q
         if model.communication:
-            delta_q = data["delta_q"]
-            loss_attention, rate = attention_step(model, self._attention_optimizer, data["thought"], delta_q)
-            figures.update(attention_loss=loss_attention, initiator_rate=rate, delta_q=delta_q.nanmean())
+            step = attention_step(model, self._attention_optimizer, data["thought"], data["delta_q"])
+            if step is not None:  # None: only random warm-up samples in the batch, nothing to label
+                figures.update(attention_loss=step[0], initiator_rate=step[1], delta_q=data["delta_q"].nanmean())
         # target update: Polyak averaging of the whole model
         ac.agent.target_update()
         info: Dict[str, Any] = host_figures(**figures)
         info.update(
             cur_lr=ac.critic_optimizer.param_groups[0]["lr"],
-            total_loss=info["critic_loss"] + info["actor_loss"] + np.nan_to_num(info.get("attention_loss", 0.0)),
+            total_loss=info["critic_loss"] + info["actor_loss"] + info.get("attention_loss", 0.0),
         )
         if self._priority:
             info["priority"] = td_error.view(-1, agents).mean(1).cpu().numpy()
@@ -231,23 +231,22 @@ def attention_labels(delta_q: torch.Tensor) -> torch.Tensor:
 
 def attention_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, thought: torch.Tensor, delta_q: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """The attention unit's log loss ``-mean [y log p + (1 - y) log(1 - p)]``, ``p = sigmoid(g(h))`` on the stored
     thoughts and ``y = attention_labels(delta_q)``, one step of its optimizer. Entries whose delta Q is NaN (random
-    warm-up actions, which formed no thought) are left out; a batch of only those takes no step.
+    warm-up actions, which formed no thought) are left out; a batch of only those takes no step and returns None.
 
     Shapes:
         - thought: :math:`(B, N, H)`; delta_q: :math:`(B, N)`
 
     Returns:
-        ``(loss, initiator_rate)``, detached: the rate is the fraction of ``p > initiator_threshold`` before the step
-        (NaN without a labelled entry).
+        ``(loss, initiator_rate)``, detached: the rate is the fraction of ``p > initiator_threshold`` before the step;
+        None without a labelled entry.
     """
     valid = torch.isfinite(delta_q)
     thought, delta_q = thought[valid].float(), delta_q[valid].float()
     if delta_q.numel() == 0:
-        nan = torch.full((), float("nan"))
-        return nan, nan
+        return None
     logit = model.attention_logit(thought)
     loss = F.binary_cross_entropy_with_logits(logit, attention_labels(delta_q))
     minimize(optimizer, loss)
