@@ -38,6 +38,10 @@ setup(
             "imageio>=2.14",
             "gymnasium[box2d]>=1.0",  # LunarLander configs are smoke-tested too
             "pettingzoo[classic]>=1.24",  # the games (tic-tac-toe) and the PettingZoo adapter's tests
+            # the ParallelEnv and LBF adapters' tests, simple_spread's assignment heuristic (scipy)
+            "mpe2>=1.0",
+            "lbforaging>=2.0",
+            "scipy>=1.10",
         ],
         "fast": [],  # kept for old install commands: numba, which it used to add, is now a dependency
         "bench": [
@@ -56,6 +60,10 @@ setup(
         # turn-based games through nervex.envs.PettingZooAECEnv (tic-tac-toe is PettingZoo's classic/tictactoe-v3);
         # the classic family's renderer wants pygame(-ce), which PettingZoo's extra pulls
         "games": ["pettingzoo[classic]>=1.24"],
+        # cooperative multi-agent: mpe2 (PettingZoo's particle envs, pulls pettingzoo) through
+        # nervex.envs.PettingZooParallelEnv, Level-Based Foraging (nervex.envs.LBForagingEnv), VMAS; scipy for
+        # simple_spread's assignment heuristic (app_zoo.multiagent.mpe)
+        "marl": ["mpe2>=1.0", "lbforaging>=2.0", "vmas>=1.4", "scipy>=1.10"],
         "dist": [],  # kept for old install commands: the parallel mode's packages are dependencies now
     },
     entry_points={"console_scripts": ["nervex=nervex.entry.cli:main"]},

@@ -4,8 +4,11 @@ from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep, EnvResetRequest
 from .check_env import EnvCheckError, check_env
 from .factory import ENV_PIPELINE_KEYS, create_env, get_env_cls
 from .gym_env import GymEnv, UnknownEnvIdError
+from .lbforaging import LBForagingEnv
 from .multi_agent import TEAM_REDUCTIONS, agent_array, reward_shape, sample_action, team_value
+from .parallel_view import to_parallel_env
 from .pettingzoo_env import PettingZooAECEnv
+from .pettingzoo_parallel import PettingZooParallelEnv
 from .two_step import TwoStepGameEnv
 from .wrappers import ENV_WRAPPER_REGISTRY
 
@@ -15,7 +18,10 @@ __all__ = [
     "BaseEnvTimestep",
     "EnvResetRequest",
     "GymEnv",
+    "LBForagingEnv",
     "PettingZooAECEnv",
+    "PettingZooParallelEnv",
+    "to_parallel_env",
     "TwoStepGameEnv",
     "UnknownEnvIdError",
     "ENV_WRAPPER_REGISTRY",
