@@ -38,9 +38,10 @@ setup(
             "imageio>=2.14",
             "gymnasium[box2d]>=1.0",  # LunarLander configs are smoke-tested too
             "pettingzoo[classic]>=1.24",  # the games (tic-tac-toe) and the PettingZoo adapter's tests
-            # the ParallelEnv and LBF adapters' tests, simple_spread's assignment heuristic (scipy)
+            # the ParallelEnv, LBF and VMAS adapters' tests, simple_spread's assignment heuristic (scipy)
             "mpe2>=1.0",
             "lbforaging>=2.0",
+            "vmas>=1.5",
             "scipy>=1.10",
         ],
         "fast": [],  # kept for old install commands: numba, which it used to add, is now a dependency
@@ -51,6 +52,7 @@ setup(
             "rl_zoo3>=2.3",  # bench/zoo.py reads its hyperparams/*.yml
             "matplotlib>=3.5",
             "gymnasium[box2d]>=1.0",  # LunarLander
+            "benchmarl>=1.5",  # bench/marl_benchmarl.py: the peer on VMAS simple_spread
         ],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],  # cv2: the reference INTER_AREA resize
         "mujoco": ["mujoco>=3.0", "imageio>=2.14"],
@@ -61,9 +63,9 @@ setup(
         # the classic family's renderer wants pygame(-ce), which PettingZoo's extra pulls
         "games": ["pettingzoo[classic]>=1.24"],
         # cooperative multi-agent: mpe2 (PettingZoo's particle envs, pulls pettingzoo) through
-        # nervex.envs.PettingZooParallelEnv, Level-Based Foraging (nervex.envs.LBForagingEnv), VMAS; scipy for
-        # simple_spread's assignment heuristic (app_zoo.multiagent.mpe)
-        "marl": ["mpe2>=1.0", "lbforaging>=2.0", "vmas>=1.4", "scipy>=1.10"],
+        # nervex.envs.PettingZooParallelEnv, Level-Based Foraging (nervex.envs.LBForagingEnv), VMAS (env_type vmas
+        # with manager_type vmas); scipy for simple_spread's assignment heuristic (app_zoo.multiagent.mpe)
+        "marl": ["mpe2>=1.0", "lbforaging>=2.0", "vmas>=1.5", "scipy>=1.10"],
         "dist": [],  # kept for old install commands: the parallel mode's packages are dependencies now
     },
     entry_points={"console_scripts": ["nervex=nervex.entry.cli:main"]},

@@ -24,8 +24,7 @@ def flat_keys(cfg, prefix=""):
         path = f"{prefix}.{key}" if prefix else key
         if prefix in USER_NAMED:
             path = USER_NAMED[prefix]
-        # model and env_kwargs: keyword arguments of a class the config names, documented by that class
-        if isinstance(value, dict) and value and key not in ("model", "env_kwargs"):
+        if isinstance(value, dict) and value and key not in ("model", "env_kwargs"):  # keyword arguments of a class
             yield from flat_keys(value, path)
         else:
             yield path

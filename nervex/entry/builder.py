@@ -244,14 +244,18 @@ def _model_obs_shape(env_info: Any) -> Tuple[int, ...]:
     return shape
 
 
-def _model_action_dim(act_space: Any) -> int:
-    """Actions of one agent: Discrete ``n``, a Box's size, the common size of a per-agent MultiDiscrete."""
+def _model_action_dim(act_space: Any, agent_num: int = 1) -> int:
+    """Actions of one agent: Discrete ``n``, a Box's size (one agent's row of a ``(agent_num, act_dim)`` Box), the
+    common size of a per-agent MultiDiscrete."""
     import gymnasium as gym
 
     if isinstance(act_space, gym.spaces.Discrete):
         return int(act_space.n)
     if isinstance(act_space, gym.spaces.Box):
-        return int(np.prod(act_space.shape))
+        shape = tuple(act_space.shape)
+        if agent_num > 1 and len(shape) > 1 and shape[0] == agent_num:
+            shape = shape[1:]  # actions stacked per agent: a (shared) agent net outputs one row
+        return int(np.prod(shape))
     if isinstance(act_space, gym.spaces.MultiDiscrete) and act_space.nvec.ndim == 1:
         sizes = sorted(set(act_space.nvec.tolist()))
         if len(sizes) == 1:
@@ -263,29 +267,23 @@ def _model_action_dim(act_space: Any) -> int:
     raise ConfigError(f"cannot size the model's output from the action space {act_space}; set model.action_dim")
 
 
-def _agent_act_space(env_info: Any) -> Any:
-    """The action space one model output sizes: a simultaneous-move env's ``Box((agent_num, act_dim))`` gives one
-    agent's ``Box((act_dim,))`` (its bounds the same for every agent), any other space itself.
-
-    Raises:
-        ConfigError: the agents' Box bounds differ (a shared actor has one set of bounds).
-    """
+def _one_agent_box(env_info: Any, need_bounds: bool) -> Any:
+    """The action space one agent's model acts in: row 0 of a simultaneous-move env's per-agent ``Box`` shaped
+    ``(agent_num, ...)`` (every agent's bounds equal where ``need_bounds``), else the env's action space."""
     import gymnasium as gym
 
-    space, agents = env_info.act_space, getattr(env_info, "agent_num", 1)
-    per_agent = agents > 1 and not getattr(env_info, "turn_based", False) and isinstance(space, gym.spaces.Box)
-    if not per_agent or len(space.shape) < 2 or space.shape[0] != agents:
+    space = env_info.act_space
+    agents = getattr(env_info, "agent_num", 1)
+    if not isinstance(space, gym.spaces.Box) or agents < 2 or getattr(env_info, "turn_based", False):
         return space
-    low, high = space.low, space.high
-    if not (
-        np.array_equal(low, np.broadcast_to(low[:1], low.shape))
-        and np.array_equal(high, np.broadcast_to(high[:1], high.shape))
-    ):
+    if space.shape[:1] != (agents,):
+        return space
+    if need_bounds and not ((space.low == space.low[0]).all() and (space.high == space.high[0]).all()):
         raise ConfigError(
-            f"the agents of {space} have different action bounds; a shared actor needs one set: set "
-            "model.action_low and model.action_high"
+            f"cannot size model.action_low/action_high: the agents of {space} have different bounds; a shared agent "
+            "net needs one: set model.action_low and model.action_high"
         )
-    return gym.spaces.Box(low[0], high[0], dtype=space.dtype)
+    return gym.spaces.Box(space.low[0], space.high[0], dtype=space.dtype)
 
 
 def _model_state_dim(env_info: Any) -> int:
@@ -334,9 +332,10 @@ def fill_model_from_env(model_cfg: Dict[str, Any], model_cls: Optional[type], en
         model_cfg["agent_num"] = int(getattr(env_info, "agent_num", 1))
     if wanted("state_dim"):
         model_cfg["state_dim"] = _model_state_dim(env_info)
-    act_space = _agent_act_space(env_info)
+    act_space = _one_agent_box(env_info, wanted("action_low") or wanted("action_high"))  # per agent, like obs_dim
     if wanted("action_dim"):
-        model_cfg["action_dim"] = _model_action_dim(act_space)
+        agents = 1 if getattr(env_info, "turn_based", False) else int(getattr(env_info, "agent_num", 1))
+        model_cfg["action_dim"] = _model_action_dim(act_space, agents)
     if wanted("action_space"):
         discrete = isinstance(act_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
         if not discrete and not isinstance(act_space, gym.spaces.Box):
@@ -395,7 +394,8 @@ def make_env_managers(
 
 def make_policy(cfg: Mapping[str, Any], env_info: Any, enable_field: Optional[Sequence[str]] = None) -> Any:
     """The policy of ``cfg.policy``, its model's sizes filled from ``env_info`` where the config leaves them out, and a
-    ``team_reward: env`` (cooperative policies) resolved to the env's ``BaseEnvInfo.team_reward``."""
+    ``team_reward: env`` (cooperative policies) resolved to the env's ``BaseEnvInfo.team_reward``, and an unset
+    ``max_episode_len`` (whole-episode policies: COMA) to its ``max_episode_steps``."""
     policy_cls = resolve_policy_class(cfg["policy"])
     policy_cfg = dict(to_plain(cfg["policy"]))
     model_cfg = dict(policy_cfg.get("model") or {})
@@ -404,6 +404,9 @@ def make_policy(cfg: Mapping[str, Any], env_info: Any, enable_field: Optional[Se
     if policy_cfg.get("team_reward") == "env":
         # a cooperative policy learns from the team reward, reduced from the per-agent rewards as the env states
         policy_cfg["team_reward"] = getattr(env_info, "team_reward", "sum")
+    if "max_episode_len" in policy_cls.config and policy_cfg.get("max_episode_len") is None:
+        # a whole-episode learner (COMA) pads its episodes to the env's time limit
+        policy_cfg["max_episode_len"] = getattr(env_info, "max_episode_steps", None)
     return policy_cls(policy_cfg, enable_field=enable_field)
 
 

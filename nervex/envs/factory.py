@@ -25,7 +25,7 @@ def get_env_cls(name: str) -> type:
             Gymnasium id (use ``env_type: gym`` with ``env_id``).
     """
     if name not in ENV_REGISTRY:
-        for module in ("app_zoo.classic_control", "app_zoo"):
+        for module in ("app_zoo.classic_control", "app_zoo", "nervex.envs.vmas_env"):
             try:
                 importlib.import_module(module)
             except ImportError:

@@ -8,9 +8,11 @@ from nervex.utils import MODEL_REGISTRY
 
 from .agent_net import AgentNet
 from .atoc import ATOC
+from .coma import COMA, COMACritic
 from .discrete_net import ConvDiscreteNet, FCDiscreteNet
 from .drqn import DRQN
 from .head import C51_N_ATOM, C51_V_MAX, C51_V_MIN, DiscreteHead, DistributionalHead
+from .mappo import MAPPO
 from .noisy import NoisyLinear, factorized_noise
 from .qac import QAC, BatchedCritics
 from .value_ac import ConvValueAC, ValueAC
@@ -35,6 +37,9 @@ def create_model(model_type: str, **kwargs: Any) -> nn.Module:
 __all__ = [
     "AgentNet",
     "ATOC",
+    "COMA",
+    "COMACritic",
+    "MAPPO",
     "FCDiscreteNet",
     "ConvDiscreteNet",
     "DRQN",

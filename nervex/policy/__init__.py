@@ -14,6 +14,7 @@ from .base_policy import (
     register_policy,
     set_seed,
 )
+from .coma import COMAPolicy
 from .common_policy import CommonPolicy, standard_transition
 from .contract import (
     OFF_POLICY_CONFIG,
@@ -26,6 +27,7 @@ from .contract import (
 from .ddpg import DDPGPolicy
 from .dqn import DQNPolicy
 from .impala import IMPALAPolicy
+from .mappo import MAPPOPolicy
 from .ppo import PPOPolicy
 from .r2d2 import R2D2Policy
 from .rainbow import RainbowPolicy
@@ -59,4 +61,6 @@ __all__ = [
     "R2D2Policy",
     "IMPALAPolicy",
     "ATOCPolicy",
+    "COMAPolicy",
+    "MAPPOPolicy",
 ]

@@ -17,6 +17,7 @@ from .actor_critic_td import (
     td3_critic_target,
 )
 from .adder import Adder
+from .coma import ComaAdvantage, coma_advantage, coma_lambda_return, coma_policy_probs
 from .dist_td import categorical_projection, dist_nstep_td_data, dist_nstep_td_error
 from .exploration import epsilon_greedy
 from .gae import gae, gae_data
@@ -48,6 +49,10 @@ __all__ = [
     "Adder",
     "TrajectoryAdder",
     "categorical_projection",
+    "ComaAdvantage",
+    "coma_advantage",
+    "coma_lambda_return",
+    "coma_policy_probs",
     "dist_nstep_td_data",
     "dist_nstep_td_error",
     "epsilon_greedy",

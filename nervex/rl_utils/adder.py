@@ -10,7 +10,9 @@ Two ways in:
     as soon as its window is complete, the episode's tail at its end;
   - ``'gae'``: on-policy transitions with ``adv`` and ``return``, emitted at an episode's end and by ``flush``;
   - ``'sequence'``: overlapping sequences of ``burnin + unroll_len + lookahead`` steps, with the recurrent state at
-    each sequence's start, for recurrent and V-trace learners (``_sequences`` explains the layout).
+    each sequence's start, for recurrent and V-trace learners (``_sequences`` explains the layout);
+  - ``'episode'``: each whole episode as one sample of ``unroll_len + 1`` steps (``unroll_len``: the longest episode),
+    emitted at its end; the step after its last holds the final observation (on-policy COMA).
 
 - **functional** (the nerveX API, for policies that implement ``_get_train_sample(traj_cache)`` themselves):
   ``get_traj``, ``get_nstep_return_data``, ``get_gae`` and ``get_train_sample`` transform lists of transitions.
@@ -34,7 +36,7 @@ from .gae import gae, gae_data
 Transition = Dict[str, Any]
 # Fields a window's sample takes from the window's last transition rather than from its first.
 _WINDOW_END_KEYS = ("next_obs", "terminated", "truncated", "done")
-KINDS = ("nstep", "gae", "sequence")
+KINDS = ("nstep", "gae", "sequence", "episode")
 
 
 class Adder:
@@ -42,10 +44,10 @@ class Adder:
 
     Args:
         use_cuda: Stored for the policy's use (it moves batches to the GPU); the Adder itself stays on NumPy.
-        unroll_len: Sequence length: of ``get_train_sample``'s chunks (1 returns transitions as they are), and of a
-            ``'sequence'`` sample's learning window.
-        kind: What ``add``/``flush`` produce: ``'nstep'``, ``'gae'`` or ``'sequence'``; None for an Adder used only
-            through the functional methods.
+        unroll_len: Sequence length: of ``get_train_sample``'s chunks (1 returns transitions as they are), of a
+            ``'sequence'`` sample's learning window, and the longest episode of kind ``'episode'``.
+        kind: What ``add``/``flush`` produce: ``'nstep'``, ``'gae'``, ``'sequence'`` or ``'episode'``; None for an
+            Adder used only through the functional methods.
         nstep: ``'nstep'``: window length.
         gamma: ``'nstep'``: the discount of ``value_gamma`` (omitted: no ``value_gamma``); ``'gae'``: required.
         gae_lambda: ``'gae'``: GAE's lambda (required).
@@ -88,6 +90,10 @@ class Adder:
             raise ValueError(f"Adder: burnin and lookahead must be >= 0, got burnin={burnin}, lookahead={lookahead}")
         if kind == "gae" and (gamma is None or gae_lambda is None):
             raise ValueError("Adder(kind='gae') needs gamma and gae_lambda")
+        if kind == "episode":
+            if burnin or lookahead:
+                raise ValueError("Adder(kind='episode') takes whole episodes: no burnin or lookahead")
+            lookahead = 1  # the padding step after an episode's last one holds its final observation
         self.use_cuda = use_cuda
         self.unroll_len = int(unroll_len)
         self.kind = kind
@@ -146,6 +152,8 @@ class Adder:
             return self._keep(self._add_nstep(traj))
         if self.kind == "sequence":
             return self._keep(self._add_sequence(env_id, traj))
+        if self.kind == "episode":
+            return self._keep(self._add_episode(env_id, traj))
         if transition["done"]:  # 'gae': an episode's end needs no bootstrap beyond what the actor stored
             return self.flush(env_id)
         return []
@@ -209,6 +217,20 @@ class Adder:
             offset = keep_from
         self._position[env_id] = (offset, learn)
         return samples
+
+    def _add_episode(self, env_id: int, traj: List[Transition]) -> List[Transition]:
+        """The whole episode as one padded sample at its end (``_sequence_sample``); nothing before."""
+        if len(traj) > self.unroll_len:
+            self._traj.pop(env_id, None)
+            raise ValueError(
+                f"Adder(kind='episode'): env {env_id}'s episode ran past unroll_len={self.unroll_len} steps; an "
+                "episode sample holds at most unroll_len steps: raise it to the env's time limit (COMA: "
+                "policy.max_episode_len)"
+            )
+        if not traj[-1]["done"]:
+            return []
+        self._traj.pop(env_id, None)
+        return [self._sequence_sample(traj, 0)]
 
     def _sequence_sample(self, steps: List[Transition], burnin: int) -> Transition:
         """Stack ``steps`` into one sample of ``sequence_len`` steps.

@@ -48,7 +48,7 @@ from nervex.system.protocol import TASK_COMPLETE_PATH, TASK_FAIL_PATH, TASK_LEAS
 from nervex.system.role import RoleExit, RoleLink
 from nervex.system.samples import encode_samples
 from nervex.system.system_config import learning_starts, storage_root
-from nervex.worker.actor.slots import EpisodeResult
+from nervex.worker.actor.seating import EpisodeResult
 
 MAX_IDLE_WAIT_S = 0.5
 MAIN_PHASES = ("collect", "snapshot", "wait", "idle")

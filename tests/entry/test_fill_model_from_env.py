@@ -53,6 +53,23 @@ def test_a_per_agent_multidiscrete_gives_one_agents_action_count():
     assert cfg == {"obs_dim": 5, "action_dim": 4, "action_space": "discrete"}
 
 
+def test_a_per_agent_box_gives_one_agents_action_size_and_bounds():
+    from nervex.model import QAC
+
+    obs = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3, 5), np.float32)})
+    act = gym.spaces.Box(np.array([[-1.0, 0.0]] * 3), np.array([[1.0, 2.0]] * 3), dtype=np.float32)
+    cfg = {}
+    fill_model_from_env(cfg, QAC, info(obs, act, 3))
+    assert cfg == {"obs_dim": 5, "action_dim": 2, "action_low": [-1.0, 0.0], "action_high": [1.0, 2.0]}
+    uneven = gym.spaces.Box(np.array([[-1.0], [-2.0]]), np.array([[1.0], [2.0]]), dtype=np.float32)
+    two = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (2, 5), np.float32)})
+    with pytest.raises(ConfigError, match=r"different bounds; a shared agent net needs one: set model.action_low"):
+        fill_model_from_env({}, QAC, info(two, uneven, 2))
+    cfg = {"action_low": -2.0, "action_high": 2.0}  # set by the user: the action size is still one agent's
+    fill_model_from_env(cfg, QAC, info(two, uneven, 2))
+    assert cfg["action_dim"] == 1
+
+
 def test_a_multidiscrete_of_unequal_sizes_names_model_action_dim():
     with pytest.raises(ConfigError, match=r"different action counts \[2, 4\]; .* set model.action_dim"):
         fill_model_from_env({}, FCDiscreteNet, info(gym.spaces.Box(-1, 1, (2, 3)), gym.spaces.MultiDiscrete([4, 2]), 2))
@@ -95,5 +112,5 @@ def test_a_per_agent_box_action_sizes_one_agent():
     assert cfg["obs_dim"] == 6 and cfg["action_dim"] == 2 and cfg["agent_num"] == 5
     assert cfg["action_low"] == [0.0, 0.0] and cfg["action_high"] == [1.0, 2.0]
     uneven = gym.spaces.Box(np.zeros((5, 2)), np.arange(1, 11, dtype=np.float64).reshape(5, 2), dtype=np.float32)
-    with pytest.raises(ConfigError, match="different action bounds"):
+    with pytest.raises(ConfigError, match="different bounds"):
         fill_model_from_env({}, ATOC, info._replace(act_space=uneven))

@@ -389,6 +389,43 @@ def test_sequence_stream(name, length, end, dims, per_add, expected):
     assert_not_mutated(data, before)
 
 
+# name, episode length, end, unroll_len (longest episode), per add: emitted samples, expected (obs per step, mask)
+EPISODE_CASES = [
+    ("terminated episode shorter than the limit", 2, "terminated", 3, [0, 1], ([0, 1, 2, 2], [1, 1, 0, 0])),
+    ("truncated at the limit: the final obs follows", 3, "truncated", 3, [0, 0, 1], ([0, 1, 2, 3], [1, 1, 1, 0])),
+    ("cut mid-episode emits nothing", 2, None, 3, [0, 0], None),
+]
+
+
+@pytest.mark.parametrize(
+    "name, length, end, limit, per_add, expected", EPISODE_CASES, ids=[c[0] for c in EPISODE_CASES]
+)
+def test_episode_stream(name, length, end, limit, per_add, expected):
+    data = make_traj([1.0 + i for i in range(length)], end)
+    before = snapshot(data)
+    adder = Adder(unroll_len=limit, kind="episode")
+    got, samples = stream(adder, data)
+    assert got == per_add and adder.flush(0) == []
+    if expected is None:
+        assert samples == [] and adder.pending(0) == length
+        return
+    (sample,) = samples
+    obs, mask = expected
+    assert sample["obs"][:, 0].tolist() == obs and sample["mask"].tolist() == mask
+    assert sample["reward"].tolist() == [1.0 + i for i in range(length)] + [0.0] * (limit + 1 - length)
+    assert bool(sample[end][length - 1]) and not bool(sample["done"][: length - 1].any())
+    assert adder.pending(0) == 0
+    assert_not_mutated(data, before)
+
+
+def test_episode_longer_than_the_limit_is_an_error_naming_the_key():
+    adder = Adder(unroll_len=2, kind="episode")
+    with pytest.raises(ValueError, match="ran past unroll_len=2 steps.*max_episode_len"):
+        stream(adder, make_traj([0.0, 0.0, 0.0], "terminated"))
+    with pytest.raises(ValueError, match="no burnin or lookahead"):
+        Adder(unroll_len=2, kind="episode", burnin=1)
+
+
 def test_sequence_stream_holds_only_what_later_samples_need():
     adder = Adder(unroll_len=4, kind="sequence", burnin=2, lookahead=1)
     stream(adder, make_traj([0.0] * 50))

@@ -12,7 +12,9 @@ import numpy as np
 from nervex.config import Field, compile_section
 from nervex.policy.contract import CollectSpec
 
-from .slots import EpisodeResult, LearnSlot, PolicySlot, Seating, Slot, build_seating
+from .figures import episode_figures, window_means
+from .seating import EpisodeResult, Seating, build_seating
+from .slots import LearnSlot, PolicySlot, Slot
 from .turns import Decision, OpenDecisions, seat_timesteps
 
 Transition = Dict[str, Any]
@@ -49,7 +51,9 @@ class SerialActor:
     episode's end), with its rewards of every step in between summed (``nervex.worker.actor.turns``). The actor only
     provides what needs the policy's forward: a truncated transition gets ``next_<field>`` from one batched
     ``collect_mode.bootstrap`` call before it reaches the Adder, and so does the last transition of an on-policy
-    rollout before the Adder is flushed. A single-agent env has one seat and one learning slot.
+    rollout before the Adder is flushed. A single-agent env has one seat and one learning slot. With independent
+    learners (``independent: true``, ``nervex.worker.actor.agents``) every agent of a simultaneous-move env is a
+    trajectory of its own, keyed ``env_id * agent_num + agent``; the units below still count env steps.
 
     - unit ``sample`` (off-policy): ``n`` env steps; the samples the Adder emitted meanwhile (incomplete windows
       carry into the next call);
@@ -111,12 +115,14 @@ class SerialActor:
         self.episode_returns: Deque[float] = deque(maxlen=window)
         self.episode_lens: Deque[int] = deque(maxlen=window)
         self.episode_outcomes: Deque[int] = deque(maxlen=window)  # the first learning slot's, games only
+        # team and per-agent returns (many agents), the env's episode stats (nervex.worker.actor.figures)
+        self.episode_figures: Deque[Dict[str, float]] = deque(maxlen=window)
         self.outcome_counts: Dict[int, int] = {1: 0, 0: 0, -1: 0}  # since the actor was built
         self.collect_time = 0.0
         self._started = False
 
-    def _learn_slot(self, name: str, rng: np.random.Generator) -> Slot:
-        return LearnSlot(name, self._policy, self._env.env_info().act_space, rng)
+    def _learn_slot(self, name: str, rng: np.random.Generator, agent_spaces: Optional[Tuple[Any, ...]]) -> Slot:
+        return LearnSlot(name, self._policy, self._env.env_info().act_space, rng, agent_spaces)
 
     def _callback(self, name: str, *args: Any) -> None:
         fn: Optional[Callable[..., Any]] = getattr(self._callbacks, name, None)
@@ -173,7 +179,12 @@ class SerialActor:
             slots = {n: s for n, s in configured.slots.items() if s.learns}
             seat_slots = [n if configured.slots[n].learns else OPPONENT_SLOT for n in configured.seat_slots]
             self.seating = Seating(
-                {**slots, OPPONENT_SLOT: slot}, seat_slots, configured.turn_based, configured.team_reward
+                {**slots, OPPONENT_SLOT: slot},
+                seat_slots,
+                configured.turn_based,
+                configured.team_reward,
+                configured.seat_ids,
+                configured.split,
             )
         self.load_slot(OPPONENT_SLOT, state)
         self.seating.reset(None)
@@ -308,8 +319,11 @@ class SerialActor:
     # ---- one timestep ------------------------------------------------------------------------------------------
     def _completed(self, env_id: int, seat: int, obs: Any, output: Dict[str, Any], timestep: Any) -> List[Decision]:
         """The learning seats' decisions this env step completes: the step itself in a simultaneous (or
-        single-agent) env, whose one slot learns; in a turn-based env those ``seat_timesteps`` closes."""
+        single-agent) env, whose one slot learns; every alive agent's with independent learners
+        (``AgentSplit.timesteps``); in a turn-based env those ``seat_timesteps`` closes."""
         seating = self.seating
+        if seating.split is not None:
+            return seating.split.timesteps(obs, output, timestep)
         if not seating.turn_based:
             return [(0, obs, output, timestep)]
         learning = tuple(s for s, _ in seating.learning_keys(env_id))
@@ -353,6 +367,7 @@ class SerialActor:
         episode_return = result.returns[self.seating.main]
         self.episode_returns.append(episode_return)
         self.episode_lens.append(result.length)
+        self.episode_figures.append(episode_figures(result.agent_returns, result.stats))
         outcome = result.outcomes.get(self.seating.main)
         if outcome is not None:
             self.episode_outcomes.append(outcome)
@@ -367,11 +382,14 @@ class SerialActor:
     def stats(self) -> Dict[str, float]:
         """SB3-style rollout figures over the last ``ep_info_window`` episodes (the first learning slot's return);
         for games, ``rollout/win_rate`` over that window and the ``rollout/wins``/``draws``/``losses`` since the
-        actor was built."""
+        actor was built; for many agents ``rollout/team_return_sum``, ``rollout/team_return_mean`` and
+        ``rollout/return/<agent_id>``, and every ``info['episode_stats']`` entry as ``rollout/<name>``, over the
+        window (``nervex.worker.actor.figures``)."""
         out: Dict[str, float] = {"rollout/episodes": float(self.episode_count)}
         if self.episode_returns:
             out["rollout/ep_rew_mean"] = float(np.mean(self.episode_returns))
             out["rollout/ep_len_mean"] = float(np.mean(self.episode_lens))
+        out.update({f"rollout/{name}": value for name, value in window_means(self.episode_figures).items()})
         if self.episode_outcomes:
             out["rollout/win_rate"] = float(np.mean([o == 1 for o in self.episode_outcomes]))
             for name, outcome in (("wins", 1), ("draws", 0), ("losses", -1)):

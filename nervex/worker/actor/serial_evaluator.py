@@ -13,8 +13,10 @@ import numpy as np
 from nervex.config import Field, compile_section
 
 from .env_manager import BaseEnvManager
+from .figures import TEAM_FIGURES, episode_figures, window_means
+from .seating import Seating, build_seating
 from .serial_actor import action_clipper
-from .slots import PolicySlot, Seating, build_seating
+from .slots import PolicySlot
 
 # the evaluator env manager's failure counters reported by eval(), as eval/env_<name>
 ENV_FAULT_COUNTERS = ("restarts", "timeouts", "crashes")
@@ -74,7 +76,17 @@ class SerialEvaluator:
         self._cfg = compile_section(SerialEvaluator, cfg, "evaluator")
         self._env = env_manager
         self.seating: Seating = build_seating(
-            slots, env_manager.env_info(), lambda name, rng: PolicySlot(name, "learn", eval_mode), seed, policy_factory
+            slots,
+            env_manager.env_info(),
+            lambda name, rng, agent_spaces: PolicySlot(name, "learn", eval_mode),
+            seed,
+            policy_factory,
+        )
+        seating = self.seating
+        # eval.csv's columns beyond the base ones: the team and per-agent returns (many agents), then the env's
+        # episode stats as evaluations first report them
+        self.figure_names: List[str] = (
+            [*TEAM_FIGURES, *(f"return/{agent}" for agent in seating.seat_ids)] if seating.cooperative else []
         )
         self.logger = logger or logging.getLogger(__name__)
         self._last_eval_step: float = -math.inf if cfg.get("eval_at_start", False) else 0
@@ -96,14 +108,17 @@ class SerialEvaluator:
             'eval/n_episode', 'eval/time', 'eval/env_restarts', 'eval/env_timeouts', 'eval/env_crashes',
             'stop', 'best'}``, the rewards being the first learning slot's returns; for games also ``eval/wins``,
             ``eval/draws``, ``eval/losses`` (its outcomes, counted exactly: they sum to ``eval/n_episode``) and
-            ``eval/win_rate``. ``stop`` is true when the mean reached ``stop_val``, ``best`` when it beat every
+            ``eval/win_rate``; for many agents ``eval/team_return_sum``, ``eval/team_return_mean``,
+            ``eval/return/<agent_id>`` (means over the episodes; NaN when none finished) and every
+            ``info['episode_stats']`` entry as ``eval/<name>`` (its mean over the episodes that report it; the names
+            so far are ``figure_names``). ``stop`` is true when the mean reached ``stop_val``, ``best`` when it beat every
             earlier evaluation. The ``eval/env_*`` counters are the env manager's (``stats``), counted since it was
             built; episodes cut by a restart are left out.
         """
         start = time.perf_counter()
         restarts_before = self._env.stats["restarts"]
         self._last_eval_step = env_step
-        returns, lengths, outcomes = self._play(setting or {})
+        returns, lengths, outcomes, figures = self._play(setting or {})
         elapsed = time.perf_counter() - start
         self.eval_time += elapsed
         mean = float(np.mean(returns)) if returns else float("nan")
@@ -111,6 +126,8 @@ class SerialEvaluator:
         if best:
             self.best_reward = mean
         faults = self._report_env_faults(restarts_before, env_step)
+        episode = {name: float("nan") for name in self.figure_names} | window_means(figures)
+        self.figure_names += [name for name in episode if name not in self.figure_names]
         return {
             "eval/mean_reward": mean,
             "eval/std_reward": float(np.std(returns)) if returns else float("nan"),
@@ -119,6 +136,7 @@ class SerialEvaluator:
             "eval/mean_ep_len": float(np.mean(lengths)) if lengths else float("nan"),
             "eval/n_episode": len(returns),
             **outcome_figures(outcomes),
+            **{f"eval/{name}": value for name, value in episode.items()},
             "eval/time": elapsed,
             **faults,
             "train_iter": train_iter,
@@ -127,8 +145,9 @@ class SerialEvaluator:
             "best": best,
         }
 
-    def _play(self, setting: Dict[str, Any]) -> Tuple[List[float], List[int], List[int]]:
-        """Every env's episodes: the first learning slot's returns, the lengths and (games) its outcomes."""
+    def _play(self, setting: Dict[str, Any]) -> Tuple[List[float], List[int], List[int], List[Dict[str, float]]]:
+        """Every env's episodes: the first learning slot's returns, the lengths, (games) its outcomes and each
+        episode's team/agent returns and env stats."""
         self._env.reset()
         seating = self.seating
         seating.reset(None)
@@ -136,6 +155,7 @@ class SerialEvaluator:
         returns: List[float] = []
         lengths: List[int] = []
         outcomes: List[int] = []
+        figures: List[Dict[str, float]] = []
         while not self._env.done:
             obs = self._env.ready_obs
             acted = seating.act(obs, setting)
@@ -148,9 +168,10 @@ class SerialEvaluator:
                     result = seating.result(env_id, timestep.info)
                     returns.append(result.returns[seating.main])
                     lengths.append(result.length)
+                    figures.append(episode_figures(result.agent_returns, result.stats))
                     if seating.main in result.outcomes:
                         outcomes.append(result.outcomes[seating.main])
-        return returns, lengths, outcomes
+        return returns, lengths, outcomes, figures
 
     def _report_env_faults(self, restarts_before: int, env_step: int) -> Dict[str, int]:
         """The env manager's fault counters as ``eval/env_<name>``; a warning when envs were restarted meanwhile."""

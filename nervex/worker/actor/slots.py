@@ -16,29 +16,35 @@ at least one slot learns. A single-agent env has one seat, so the default is one
   (``SerialActor.load_slot``: the parallel actor loads a task's opponent so).
 - ``callable``: a user function ``fn(obs) -> action``, imported from ``'module:function'``.
 
-``Seating`` routes one env-manager step: the acting seat of each env (``obs['to_play']`` in a turn-based env, seat 0
-otherwise), then one forward per slot over the envs whose acting seat it holds. A slot's forward is keyed by
-``env_id * seat_num + seat`` in a turn-based env (each seat of each env its own trajectory and recurrent state), by
-``env_id`` otherwise (so a single-agent actor keys everything by env id, as it always has).
+A learning slot of a simultaneous-move env of several agents may act for each agent on its own (independent
+learners with shared parameters, ``nervex.worker.actor.agents``)::
+
+    actor:
+      slots:
+        main: {kind: learn, seats: all, independent: true}   # agent_reward: own | team, agent_obs: auto | row
+
+``nervex.worker.actor.seating.Seating`` routes one env-manager step through the slots.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import gymnasium as gym
 import numpy as np
 
 from nervex.config import ConfigError
-from nervex.envs import sample_action, team_value
+from nervex.envs import sample_action
+
+from .agents import AGENT_OBS, AGENT_REWARDS
 
 Output = Dict[str, Any]
 SLOT_KINDS = ("learn", "random", "snapshot", "callable")
 SLOT_KEYS: Dict[str, Tuple[str, ...]] = {
-    "learn": ("kind", "seats"),
+    "learn": ("kind", "seats", "independent", "agent_reward", "agent_obs"),
     "random": ("kind", "seats"),
     "snapshot": ("kind", "seats", "path"),
     "callable": ("kind", "seats", "fn"),
@@ -50,13 +56,17 @@ OUTCOME_NAMES = {1: "win", 0: "draw", -1: "loss"}
 # ---- the config ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SlotSpec:
-    """One slot of ``actor.slots`` as written: its name, kind, seats (``'all'`` or a tuple) and kind's options."""
+    """One slot of ``actor.slots`` as written: its name, kind, seats (``'all'`` or a tuple) and kind's options
+    (``independent``, ``agent_reward``, ``agent_obs``: a learning slot's per-agent trajectories)."""
 
     name: str
     kind: str
     seats: Union[str, Tuple[Union[int, str], ...]]
     path: Optional[str] = None
     fn: Optional[str] = None
+    independent: bool = False
+    agent_reward: str = "own"
+    agent_obs: str = "auto"
 
     @property
     def learns(self) -> bool:
@@ -91,7 +101,27 @@ def _parse_slot(name: str, entry: Any, where: str) -> SlotSpec:
         raise ConfigError(f"key '{path}.fn'{where} must name a function as 'module:function', got {entry.get('fn')!r}")
     if kind == "snapshot" and entry.get("path") is not None and not isinstance(entry["path"], str):
         raise ConfigError(f"key '{path}.path'{where} must be a checkpoint file (a string), got {entry['path']!r}")
-    return SlotSpec(str(name), kind, seats, entry.get("path"), entry.get("fn"))
+    independent = _parse_independent(entry, path, where)
+    return SlotSpec(str(name), kind, seats, entry.get("path"), entry.get("fn"), *independent)
+
+
+def _parse_independent(entry: Mapping[str, Any], path: str, where: str) -> Tuple[bool, str, str]:
+    """A learning slot's ``independent``, ``agent_reward`` and ``agent_obs`` (the last two need the first)."""
+    independent = entry.get("independent", False)
+    if not isinstance(independent, bool):
+        raise ConfigError(f"key '{path}.independent'{where} expects true or false, got {independent!r}")
+    options = []
+    for key, valid, default in (("agent_reward", AGENT_REWARDS, "own"), ("agent_obs", AGENT_OBS, "auto")):
+        value = entry.get(key, default)
+        if key in entry and not independent:
+            raise ConfigError(
+                f"key '{path}.{key}'{where} applies to independent learners only; add '{path}.independent: true' or "
+                "drop it"
+            )
+        if value not in valid:
+            raise ConfigError(f"key '{path}.{key}'{where} is {value!r}; {_suggest(value, valid)}")
+        options.append(value)
+    return independent, options[0], options[1]
 
 
 def parse_slots(section: Optional[Mapping[str, Any]], where: str = "") -> List[SlotSpec]:
@@ -217,17 +247,38 @@ class LearnSlot(Slot):
         collect_mode: ``policy.collect_mode``.
         act_space: The env's action space (of the acting seat).
         rng: Draws the warm-up's random actions.
+        agent_spaces: Independent learners: each agent's action space; key ``k`` is agent ``k % len(agent_spaces)``
+            (keys ``env_id * agent_num + i``), whose space the warm-up draws from.
     """
 
-    def __init__(self, name: str, collect_mode: Any, act_space: gym.Space, rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        name: str,
+        collect_mode: Any,
+        act_space: gym.Space,
+        rng: np.random.Generator,
+        agent_spaces: Optional[Sequence[gym.Space]] = None,
+    ) -> None:
         super().__init__(name, "learn")
         self.mode = collect_mode
         self._space = act_space
+        self._agent_spaces = tuple(agent_spaces) if agent_spaces else None
         self._rng = rng
+
+    def _space_of(self, key: int) -> gym.Space:
+        if self._agent_spaces is None:
+            return self._space
+        return self._agent_spaces[key % len(self._agent_spaces)]
+
+    def _random_action(self, key: int, obs: Any) -> Any:
+        space, mask = self._space_of(key), action_mask(obs)
+        if mask is not None and self._agent_spaces is not None and isinstance(space, gym.spaces.Discrete):
+            mask = mask[: int(space.n)]  # an agent with fewer actions than the widest: its mask row is padded
+        return sample_action(space, mask, self._rng)
 
     def act(self, keys: List[int], obs: Mapping[int, Any], setting: Mapping[str, Any], random_action: bool) -> Dict:
         if random_action:
-            return {k: {"action": sample_action(self._space, action_mask(obs[k]), self._rng)} for k in keys}
+            return {k: {"action": self._random_action(k, obs[k])} for k in keys}
         return self.mode.forward(keys, obs, **setting)
 
     def reset(self, keys: Optional[List[int]]) -> None:
@@ -307,170 +358,6 @@ def build_act_only(
     return slot
 
 
-def build_seating(
-    section: Optional[Mapping[str, Any]],
-    env_info: Any,
-    learn_slot: Callable[[str, np.random.Generator], Slot],
-    seed: int,
-    eval_mode: Optional[Callable[[], Any]] = None,
-) -> Seating:
-    """The slots of ``actor.slots`` for this env, seated.
-
-    Args:
-        section: ``actor.slots`` (None: one learning slot for every seat).
-        env_info: The env's ``BaseEnvInfo`` (seats, ``turn_based``, ``team_reward``, the action space).
-        learn_slot: Makes a learning slot from its name and generator (the actor's collect mode, the evaluator's
-            eval mode).
-        seed: Slot ``i`` (in config order) draws its random actions from ``np.random.default_rng([seed, i])``.
-        eval_mode: Makes a fresh eval-mode policy for a snapshot slot.
-    """
-    specs = parse_slots(section)
-    seat_slots = assign_seats(specs, env_info)
-    slots: Dict[str, Slot] = {}
-    for i, spec in enumerate(specs):
-        rng = np.random.default_rng([int(seed), i])
-        if spec.learns:
-            slots[spec.name] = learn_slot(spec.name, rng)
-        else:
-            slots[spec.name] = build_act_only(spec, env_info.act_space, rng, eval_mode)
-    return Seating(slots, seat_slots, env_info.turn_based, env_info.team_reward)
-
-
-# ---- routing one step ---------------------------------------------------------------------------------------------
-@dataclass
-class EpisodeResult:
-    """What one episode of one env ended with.
-
-    Attributes:
-        env_id: The env that played it.
-        length: Its env steps (every seat's moves).
-        returns: The return per slot (a slot of several seats: the env's team reduction of theirs).
-        outcomes: Games: the outcome per slot (+1 win, 0 draw, -1 loss) where its seats share one; else empty.
-    """
-
-    env_id: int
-    length: int
-    returns: Dict[str, float]
-    outcomes: Dict[str, int] = field(default_factory=dict)
-
-
-class Seating:
-    """Which slot acts for which seat, one forward per slot per step, and per-slot episode results.
-
-    Args:
-        slots: The slots by name, in config order (the first learning slot is the one ``rollout/`` figures follow).
-        seat_slots: The slot name of every seat, in seat order (``assign_seats``).
-        turn_based: One seat acts per step (``obs['to_play']``); else the slot of seat 0 acts for the whole env.
-        team_reward: How a slot of several seats reduces their returns (``'sum'`` | ``'mean'``).
-    """
-
-    def __init__(
-        self, slots: Mapping[str, Slot], seat_slots: Sequence[str], turn_based: bool, team_reward: str = "sum"
-    ) -> None:
-        unknown = [name for name in seat_slots if name not in slots]
-        if unknown:
-            raise ValueError(f"seats assigned to unknown slot(s) {unknown}; slots: {list(slots)}")
-        self.slots = dict(slots)
-        self.seat_slots = tuple(seat_slots)
-        self.seat_num = len(self.seat_slots)
-        self.turn_based = bool(turn_based)
-        self.team_reward = team_reward
-        self._stride = self.seat_num if self.turn_based else 1
-        self.learning = [slot for slot in self.slots.values() if slot.learns]
-        if not self.learning:
-            raise ValueError(f"no learning slot among {list(slots)}")
-        self.main = self.learning[0].name
-        self._seats_of = {name: [s for s, n in enumerate(self.seat_slots) if n == name] for name in self.slots}
-
-    def describe(self) -> str:
-        """One line for the run's log: each slot's kind and seats, and how a slot of several seats adds up rewards.
-
-        Example:
-            ``slots: main (learn) seats [0]; opponent (random) seats [1]; turn-based``
-        """
-        parts = [f"{name} ({slot.kind}) seats {self._seats_of[name]}" for name, slot in self.slots.items()]
-        text = "slots: " + "; ".join(parts) + ("; turn-based" if self.turn_based else "")
-        if any(len(seats) > 1 for seats in self._seats_of.values()):
-            text += f"; a slot's reward and return are the {self.team_reward} over its seats (env team_reward)"
-        return text
-
-    def key(self, env_id: int, seat: int) -> int:
-        """The key a seat's trajectory, Adder buffer and recurrent state have (``env_id`` unless turn-based)."""
-        return env_id * self._stride + seat
-
-    def acting_seat(self, obs: Any) -> int:
-        """The seat that acts on ``obs``: its ``to_play`` in a turn-based env, else 0 (one slot acts for all)."""
-        if not self.turn_based:
-            return 0
-        seat = int(obs["to_play"])
-        if not 0 <= seat < self.seat_num:
-            raise ValueError(f"obs['to_play'] is {seat}; the env has seats 0..{self.seat_num - 1}")
-        return seat
-
-    def slot_of(self, seat: int) -> Slot:
-        return self.slots[self.seat_slots[seat]]
-
-    def learning_keys(self, env_id: int) -> List[Tuple[int, int]]:
-        """``[(seat, key)]`` of the env's seats whose slot learns (one entry, seat 0, unless turn-based)."""
-        seats = range(self.seat_num) if self.turn_based else [0]
-        return [(seat, self.key(env_id, seat)) for seat in seats if self.slot_of(seat).learns]
-
-    def act(
-        self, obs: Mapping[int, Any], setting: Mapping[str, Any], random_action: bool = False
-    ) -> Dict[int, Tuple[int, Output]]:
-        """One forward per slot over the envs whose acting seat it holds: ``{env_id: (seat, output)}``.
-
-        ``setting`` and ``random_action`` (the warm-up) reach the learning slots only.
-        """
-        groups: Dict[str, Dict[int, Tuple[int, int]]] = {name: {} for name in self.slots}
-        for env_id, o in obs.items():
-            seat = self.acting_seat(o)
-            groups[self.seat_slots[seat]][self.key(env_id, seat)] = (env_id, seat)
-        out: Dict[int, Tuple[int, Output]] = {}
-        for name, members in groups.items():
-            if not members:
-                continue
-            slot = self.slots[name]
-            keys = list(members)
-            data = {k: obs[members[k][0]] for k in keys}
-            learns = slot.learns
-            outputs = slot.act(keys, data, setting if learns else {}, random_action and learns)
-            for k, (env_id, seat) in members.items():
-                out[env_id] = (seat, outputs[k])
-        return out
-
-    def reset(self, env_ids: Optional[Sequence[int]]) -> None:
-        """Reset every slot's recurrent state for these envs (None: all)."""
-        for name, slot in self.slots.items():
-            if env_ids is None:
-                slot.reset(None)
-                continue
-            seats = self._seats_of[name] if self.turn_based else [0]
-            slot.reset([self.key(env_id, seat) for env_id in env_ids for seat in seats])
-
-    def result(self, env_id: int, info: Mapping[str, Any]) -> EpisodeResult:
-        """The episode's result from the env's final ``info`` (``episode_return``, ``episode_len``, ``outcome``)."""
-        returns: Dict[str, float] = {}
-        per_seat = np.asarray(info["episode_return"], dtype=np.float64)
-        for name, seats in self._seats_of.items():
-            if per_seat.ndim == 0:
-                returns[name] = float(per_seat)
-            else:
-                returns[name] = team_value(per_seat[seats], self.team_reward)
-        outcomes: Dict[str, int] = {}
-        if info.get("outcome") is not None:
-            outcome = np.asarray(info["outcome"]).reshape(-1)
-            if not np.isin(outcome, (-1, 0, 1)).all():
-                raise ValueError(
-                    f"env {env_id}: info['outcome'] must hold +1, 0 or -1 per seat, got {outcome.tolist()}"
-                )
-            for name, seats in self._seats_of.items():
-                values = {int(outcome[s]) for s in seats} if len(outcome) == self.seat_num else set()
-                if len(values) == 1:
-                    outcomes[name] = values.pop()
-        return EpisodeResult(env_id, int(info.get("episode_len", 0)), returns, outcomes)
-
-
 __all__ = [
     "SLOT_KINDS",
     "SLOT_KEYS",
@@ -488,7 +375,4 @@ __all__ = [
     "RandomSlot",
     "CallableSlot",
     "build_act_only",
-    "build_seating",
-    "EpisodeResult",
-    "Seating",
 ]

@@ -16,6 +16,7 @@ in serial mode, the replay-ratio credit of the data received in parallel mode.
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
 import time
@@ -44,10 +45,20 @@ EVAL_CSV_FIELDS = [
     "wall_time",
     "eval_time",
 ]
-"""The columns of a run's ``eval.csv``, one row per evaluation."""
+"""The columns of a run's ``eval.csv``, one row per evaluation; a run of many agents or of an env that reports
+episode stats adds the evaluator's ``figure_names`` after them (``team_return_sum``, ``team_return_mean``,
+``return/<agent_id>``, ``<stat>``), fixed at its first evaluation."""
 SCALAR_INTERVAL = 1000
 """Env steps between two writes of the train/time/rollout scalars (keeps event files small); an evaluation or a stop
 writes them at once."""
+
+
+def read_csv_header(path: str) -> List[str]:
+    """The column names of an existing CSV file (empty when it is missing or empty)."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        return next(csv.reader(f), [])
 
 
 def index_batch(batch: Any, index: torch.Tensor) -> Any:
@@ -157,7 +168,7 @@ class LearnLoop:
         self.rank, self.world_size = int(rank), int(world_size)
         self.prefetch = int(prefetch)
         self.on_batch = on_batch
-        self.eval_csv = CsvWriter(os.path.join(run_dir, "eval.csv"), EVAL_CSV_FIELDS) if run_dir else None
+        self.eval_csv: Optional[CsvWriter] = None  # opened at the first evaluation, which fixes its columns
         self.loader: Optional[AsyncDataLoader] = None  # the AsyncDataLoader when prefetching, made at the first batch
         self._shuffle = torch.Generator().manual_seed(int(seed))
         self._window = FigureMeans()  # the train figures since the last scalar write
@@ -278,10 +289,12 @@ class LearnLoop:
         res = self.evaluator.eval(self.train_iter, self.env_step, setting)
         self.last_eval = res
         figures = {k: v for k, v in res.items() if k.startswith("eval/")}
-        if self.eval_csv is not None:
+        csv_file = self._open_eval_csv()
+        if csv_file is not None:
             wall = time.time() - self._start_time
-            self.eval_csv.write(
-                {k.split("/")[-1]: v for k, v in res.items()} | {"wall_time": wall, "eval_time": res["eval/time"]}
+            csv_file.write(
+                {k.removeprefix("eval/"): v for k, v in res.items()}
+                | {"wall_time": wall, "eval_time": res["eval/time"]}
             )
         self.scalar_writer.add_scalars(figures, self.env_step)
         self._scalars_due = True
@@ -296,6 +309,16 @@ class LearnLoop:
             self.stop(f"evaluation mean {res['eval/mean_reward']:.2f} >= stop_val {self.stop_val}")
             self.logger.info(f"target reached: {self.stop_reason}")
         return figures
+
+    def _open_eval_csv(self) -> Optional[CsvWriter]:
+        """``eval.csv`` (None without a run directory): ``EVAL_CSV_FIELDS`` plus the evaluator's ``figure_names``
+        known at the first evaluation (a stat an env reports only later is in TensorBoard, not in the file); a
+        resumed run's file keeps its header."""
+        if self.eval_csv is None and self.run_dir:
+            path = os.path.join(self.run_dir, "eval.csv")
+            fields = read_csv_header(path) or EVAL_CSV_FIELDS + list(self.evaluator.figure_names)
+            self.eval_csv = CsvWriter(path, fields)
+        return self.eval_csv
 
     def check_limits(self) -> bool:
         """Stop once ``max_env_step`` or ``max_train_iter`` is reached; returns whether the run is stopped."""
@@ -352,11 +375,13 @@ class LearnLoop:
         self.learner.call_hook("after_run")
 
     def close(self) -> None:
-        """Stop the prefetching thread and close ``eval.csv``; safe to call twice."""
+        """Stop the prefetching thread and close ``eval.csv`` (written with its header even when no evaluation ran);
+        safe to call twice."""
         if self.loader is not None:
             self.loader.close()
-        if self.eval_csv is not None:
-            self.eval_csv.close()
+        csv_file = self._open_eval_csv()
+        if csv_file is not None:
+            csv_file.close()
 
 
 __all__ = [

@@ -123,7 +123,8 @@ def test_a_single_agent_actor_has_one_learning_slot_keyed_by_env_id():
 
 def test_the_seating_line_states_the_team_reduction_of_a_slot_of_several_seats():
     """What the run's log says of slots: their kinds and seats and, when a slot holds several seats, the reduction."""
-    from nervex.worker.actor.slots import LearnSlot, RandomSlot, Seating
+    from nervex.worker.actor.seating import Seating
+    from nervex.worker.actor.slots import LearnSlot, RandomSlot
 
     space, rng = gym.spaces.Discrete(3), np.random.default_rng(0)
     team = LearnSlot("team", ScriptedPolicy().collect_mode, space, rng)

@@ -2,5 +2,6 @@
 
 from .base_env_manager import BaseEnvManager, EnvError, abnormal_timestep
 from .subprocess_env_manager import SubprocessEnvManager
+from .vmas_env_manager import VmasEnvManager
 
-__all__ = ["BaseEnvManager", "SubprocessEnvManager", "EnvError", "abnormal_timestep"]
+__all__ = ["BaseEnvManager", "SubprocessEnvManager", "VmasEnvManager", "EnvError", "abnormal_timestep"]
