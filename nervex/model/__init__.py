@@ -7,6 +7,7 @@ import torch.nn as nn
 from nervex.utils import MODEL_REGISTRY
 
 from .agent_net import AgentNet
+from .atoc import ATOC
 from .coma import COMA, COMACritic
 from .discrete_net import ConvDiscreteNet, FCDiscreteNet
 from .drqn import DRQN
@@ -40,6 +41,7 @@ __all__ = [
     "QMixer",
     "VDN",
     "VDNMixer",
+    "ATOC",
     "COMA",
     "COMACritic",
     "MAPPO",

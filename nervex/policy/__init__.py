@@ -3,6 +3,7 @@
 # registers the fused CPU equivalents of DDPG's, TD3's and SAC's update steps (see update_steps)
 from . import fused_ac  # noqa: F401
 from .a2c import A2CPolicy
+from .atoc import ATOCPolicy
 from .base_policy import (
     CollectMode,
     CommandMode,
@@ -63,6 +64,7 @@ __all__ = [
     "IMPALAPolicy",
     "QMIXPolicy",
     "VDNPolicy",
+    "ATOCPolicy",
     "COMAPolicy",
     "MAPPOPolicy",
 ]

@@ -98,3 +98,19 @@ def test_single_agent_box_and_discrete_are_unchanged():
     cfg = {}
     fill_model_from_env(cfg, ValueAC, info(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (1,))))
     assert cfg == {"obs_dim": 3, "action_dim": 1, "action_space": "continuous"}
+
+
+def test_a_per_agent_box_action_sizes_one_agent():
+    """A simultaneous-move env's Box((agent_num, act_dim)) sizes one agent's action and bounds (ATOC's actor)."""
+    from nervex.model import ATOC
+
+    box = gym.spaces.Box(np.zeros((5, 2)), np.ones((5, 2)) * [1.0, 2.0], dtype=np.float32)
+    obs = gym.spaces.Dict(obs=gym.spaces.Box(-1, 1, (5, 6), np.float32))
+    info = BaseEnvInfo(agent_num=5, obs_space=obs, act_space=box, agent_ids=tuple(f"a{i}" for i in range(5)))
+    cfg = {}
+    fill_model_from_env(cfg, ATOC, info)
+    assert cfg["obs_dim"] == 6 and cfg["action_dim"] == 2 and cfg["agent_num"] == 5
+    assert cfg["action_low"] == [0.0, 0.0] and cfg["action_high"] == [1.0, 2.0]
+    uneven = gym.spaces.Box(np.zeros((5, 2)), np.arange(1, 11, dtype=np.float64).reshape(5, 2), dtype=np.float32)
+    with pytest.raises(ConfigError, match="different bounds"):
+        fill_model_from_env({}, ATOC, info._replace(act_space=uneven))
