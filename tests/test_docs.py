@@ -24,7 +24,9 @@ def flat_keys(cfg, prefix=""):
         path = f"{prefix}.{key}" if prefix else key
         if prefix in USER_NAMED:
             path = USER_NAMED[prefix]
-        if isinstance(value, dict) and value and key not in ("model", "env_kwargs", "scenario_kwargs"):  # a callee's keywords
+        if (
+            isinstance(value, dict) and value and key not in ("model", "env_kwargs", "scenario_kwargs")
+        ):  # a callee's keywords
             yield from flat_keys(value, path)
         else:
             yield path
