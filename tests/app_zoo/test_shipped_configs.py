@@ -14,13 +14,20 @@ NEEDS = {"atari": "ale_py", "box2d": "Box2D", "mujoco": "mujoco"}
 
 
 def shrink(cfg):
-    """Overrides that keep a config's algorithm, model and env but make a few iterations cheap."""
+    """Overrides that keep a config's algorithm, model and env but make a few iterations cheap (decided on the
+    compiled config: on-policy or not, and the collect and learn keys the policy has)."""
+    compiled = compile_config(cfg)
+    collect, learn = compiled.policy.collect, compiled.policy.learn
     over = ["env.collector_env_num=2", "env.evaluator_env_num=1", "env.manager_type=base", "evaluator.n_episode=1"]
     over += ["evaluator.eval_freq=1000000", "learner.hook.log_show_after_iter=0"]
-    if cfg.policy.policy_type in ("ppo", "a2c"):
-        over += ["policy.collect.rollout_len=16", "policy.learn.epoch_per_collect=2", "policy.learn.batch_size=8"]
+    if compiled.policy.on_policy:
+        over += ["policy.learn.epoch_per_collect=2", "policy.learn.batch_size=8"]
+        over += ["policy.collect.rollout_len=16"] if collect.get("rollout_len") else []
+        over += ["policy.collect.n_episode=2"] if collect.get("n_episode") else []
     else:
         over += ["policy.learn.learning_starts=0", "policy.learn.batch_size=8", "replay_buffer.maxlen=1000"]
+        over += ["policy.learn.update_per_collect=2"] if learn.get("update_per_collect", 0) > 2 else []
+        over += ["policy.collect.n_sample=16"] if (collect.get("n_sample") or 0) > 16 else []
     return apply_overrides(cfg, over)
 
 
