@@ -147,6 +147,7 @@ def _league_players(run_dir: Path) -> List[str]:
         conn.close()
 
 
+@pytest.mark.slow  # ~40 s; the default suite keeps on-policy parallel learning in test_learner's bitwise PPO check
 def test_ppo_dist_reaches_475_with_2_actors(tmp_path):
     """Two actors and the learner reach 475 within max_env_step (100k).
 
