@@ -111,9 +111,11 @@ def record_path(part: str, algo: str, lib: str, seed: int) -> str:
     return os.path.join(RESULTS_DIR, f"{part}__{algo}__{lib}__seed{seed}.json")
 
 
-def save_record(record: Dict[str, Any]) -> str:
-    os.makedirs(RESULTS_DIR, exist_ok=True)
+def save_record(record: Dict[str, Any], out: Optional[str] = None) -> str:
+    os.makedirs(out or RESULTS_DIR, exist_ok=True)
     path = record_path(record["part"], record["algo"], record["lib"], record["seed"])
+    if out:
+        path = os.path.join(out, os.path.basename(path))
     with open(path, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
     return path
@@ -175,6 +177,7 @@ def run_nervex(
     eval_freq: int,
     n_eval: int,
     overrides: Sequence[str] = (),
+    verbose: bool = False,
 ) -> Dict[str, Any]:
     """Train nervex's config until ``steps`` env steps or ``seconds`` of wall clock (evaluation included).
 
@@ -204,6 +207,8 @@ def run_nervex(
                     point = {"env_step": int(result["env_step"]), "wall_secs": wall}
                     point.update({k[5:]: float(v) for k, v in result.items() if k.startswith("eval/")})
                     curve.append(point)
+                    if verbose:
+                        print(f"  {point['env_step']} steps, {wall:.0f} s: eval {point['mean_reward']:.3f}", flush=True)
                 if seconds is not None and wall >= seconds:
                     # the last point of the curve, at the budget (not charged to it, as on BenchMARL's side)
                     point = {"env_step": int(trainer.env_step), "wall_secs": min(wall, seconds)}
@@ -267,6 +272,7 @@ def run_one(part: Part, algo: str, lib: str, seed: int, args: argparse.Namespace
             args.eval_freq or part.eval_freq,
             args.n_eval or part.n_eval,
             args.set or (),
+            verbose=args.verbose,
         )
     else:
         out = run_peer(algo, seed, args.seconds or 600.0)
@@ -301,7 +307,7 @@ def run(args: argparse.Namespace) -> bool:
                     traceback.print_exc()
                     ok = False
                     continue
-                path = save_record(rec)
+                path = save_record(rec, args.out)
                 last = rec["curve"][-1] if rec["curve"] else {}
                 print(
                     f"{part.name} {algo} {lib} seed {seed}: {rec['env_steps']} steps, last eval "
@@ -437,6 +443,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--eval-freq", type=int)
     p.add_argument("--n-eval", type=int)
     p.add_argument("--set", nargs="*", help="nervex config overrides, dotted")
+    p.add_argument("--out", help="save the records here instead (trials: the report reads only bench/results/marl)")
+    p.add_argument("--verbose", action="store_true", help="print each evaluation as it comes")
     p.add_argument("--nervex-only", action="store_true", help="vmas: skip BenchMARL")
     p.add_argument("--report", action="store_true", help="render docs/benchmarks.md and the PNGs; run nothing")
     return p.parse_args(argv)
@@ -451,7 +459,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("bench/marl.py: give --part or --report", file=sys.stderr)
         return 2
     ok = run(args)
-    report()
+    if not args.out:
+        report()
     return 0 if ok else 1
 
 

@@ -153,14 +153,16 @@ class AgentNet(nn.Module):
                     f"{(batch, self.agent_num, self.hidden_size)} (batch, agents, hidden_size)"
                 )
             h = h.to(obs.device)
-        if not sequence:
-            logit, h = self._step(obs, h)
+        if not sequence or self.rnn_type == "none":
+            logit, h = self._step(obs, h)  # an MLP has no state: every step of a sequence at once
         else:
-            outs = []
+            # the encoder and the heads do not depend on the state: one call over all steps; the GRU steps in time
+            features = self._per_agent(self.encoders, self._inputs(obs))
+            hs = []
             for t in range(obs.shape[0]):
-                out, h = self._step(obs[t], h)
-                outs.append(out)
-            logit = torch.stack(outs)
+                h = self._per_agent(self.cells, features[t], h)
+                hs.append(h)
+            logit = self._per_agent(self.heads, torch.stack(hs))
         return {"logit": logit, "next_state": None if h is None else {"h": h}}
 
 
