@@ -225,12 +225,21 @@ def run_nervex(
             )
 
 
+REFERENCES = {
+    "nearest": "every agent to its nearest landmark (no coordination)",
+    "fixed": "agent i to landmark i (a fixed convention)",
+}
+
+
 # ---- baselines of the spread part ----------------------------------------------------------------------------------
 def spread_baselines(episodes: int = 200, seed: int = 12345) -> Dict[str, float]:
-    """The team return (sum over agents, 25 steps) of the random policy and of the assignment heuristic."""
+    """The team return (sum over agents, 25 steps) of the random policy and of the assignment heuristic (the gap's
+    ends), and of the reference points between them: ``nearest`` (every agent to its nearest landmark, no
+    coordination) and ``fixed`` (agent i to landmark i, a convention an agent-id-conditioned policy can learn)."""
     from app_zoo.multiagent.mpe.envs import measure_spread_baselines
 
-    return dict(measure_spread_baselines(episodes=episodes, seed=seed), episodes=episodes, seed=seed)
+    policies = ("random", "heuristic", "nearest", "fixed")
+    return dict(measure_spread_baselines(episodes=episodes, seed=seed, policies=policies), episodes=episodes, seed=seed)
 
 
 def gap_fraction(value: float, base: Mapping[str, float]) -> float:
@@ -409,7 +418,13 @@ def report() -> None:
     if base:
         body += [
             f"simple_spread baselines (team return = sum over 3 agents of 25 steps, {base.get('episodes', 200)} "
-            f"episodes): random {base['random']:.2f}, assignment heuristic {base['heuristic']:.2f}.",
+            f"episodes): random {base['random']:.2f}, assignment heuristic {base['heuristic']:.2f}"
+            + "".join(
+                f"; {REFERENCES[k]} {base[k]:.2f} ({gap_fraction(base[k], base):.2f} of the gap)"
+                for k in REFERENCES
+                if k in base
+            )
+            + ".",
             "",
         ]
     for name, part in PARTS.items():

@@ -15,7 +15,9 @@ from app_zoo.multiagent.mpe.envs import (  # noqa: E402
     play_spread,
     spread_assignment,
     spread_coverage,
+    spread_fixed_action,
     spread_heuristic_action,
+    spread_nearest_action,
 )
 
 
@@ -37,6 +39,13 @@ def test_the_heuristic_steers_with_the_coasting_distance_in_mind():
     # agent 0: L1 is 0.12 ahead along +x, but coasting carries it 0.3 * 0.5 = 0.15: it brakes (-x, action 1);
     # agent 1: L0 is 0.11 along -y (action 3)
     assert spread_heuristic_action(two_agent_obs()).tolist() == [1, 3]
+
+
+def test_the_reference_policies_pick_their_landmarks_by_hand():
+    # nearest: both agents steer to L0 (agent 0: L0 is (0, 0.1) but it coasts 0.15 along +x, so it brakes: -x,
+    # action 1; agent 1: 0.11 along -y, action 3); fixed: agent 0 to L0 (action 1), agent 1 to L1 (+x, action 2)
+    assert spread_nearest_action(two_agent_obs()).tolist() == [1, 3]
+    assert spread_fixed_action(two_agent_obs()).tolist() == [1, 2]
 
 
 def test_a_layout_other_than_simple_spreads_is_refused():
@@ -74,6 +83,13 @@ def test_the_heuristic_beats_random_by_a_wide_margin():
     assert heuristic["team_return"] == pytest.approx(-25.03, abs=0.01)
     assert random["team_return"] == pytest.approx(-80.46, abs=0.01)
     assert heuristic["coverage"] == pytest.approx(26 / 30) and random["coverage"] == pytest.approx(2 / 30)
+    nearest, fixed = play_spread("nearest", 10, seed=0), play_spread("fixed", 10, seed=0)
+    assert random["team_return"] < nearest["team_return"] < fixed["team_return"] < heuristic["team_return"]
+
+
+def test_an_unknown_reference_policy_is_refused():
+    with pytest.raises(ValueError, match="'fixed'"):
+        play_spread("greedy", 1)
 
 
 def test_gap_closed():

@@ -13,7 +13,7 @@ assignment heuristic (``spread_heuristic_action``) on the same seeded episodes a
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -58,25 +58,47 @@ def spread_assignment(obs: Mapping[str, np.ndarray]) -> np.ndarray:
     return target
 
 
-def spread_heuristic_action(obs: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The assignment heuristic: every agent steers to its assigned landmark (a ``callable`` slot's function).
+def steer(rows: np.ndarray, agent: int, landmark: int) -> int:
+    """The discrete move that takes ``agent`` to ``landmark``: it aims at the landmark minus where the agent would coast
+    to (``STOP_HORIZON * velocity``) and moves along the axis with the larger remaining offset (none within
+    ``DEAD_ZONE``)."""
+    offset = rows[agent, 4 + 2 * landmark : 6 + 2 * landmark] - STOP_HORIZON * rows[agent, 0:2]
+    axis = int(np.argmax(np.abs(offset)))
+    return _MOVES[(axis, int(np.sign(offset[axis])))] if abs(offset[axis]) > DEAD_ZONE else 0
 
-    It aims at the landmark minus where the agent would coast to (``STOP_HORIZON * velocity``) and takes the discrete
-    move along the axis with the larger remaining offset (none within ``DEAD_ZONE``).
+
+def spread_heuristic_action(obs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The assignment heuristic: every agent steers (``steer``) to its assigned landmark (``spread_assignment``).
 
     Returns:
         ``(N,)`` int64 discrete actions.
     """
+    rows = np.asarray(obs["obs"], np.float64)
+    return np.array([steer(rows, i, j) for i, j in enumerate(spread_assignment(obs))], np.int64)
+
+
+def spread_nearest_action(obs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A reference without coordination: every agent steers to its own nearest landmark (agents may share one)."""
     n = spread_agent_num(obs)
     rows = np.asarray(obs["obs"], np.float64)
-    target = spread_assignment(obs)
-    actions = np.zeros(n, np.int64)
-    for i in range(n):
-        offset = rows[i, 4 + 2 * target[i] : 6 + 2 * target[i]] - STOP_HORIZON * rows[i, 0:2]
-        axis = int(np.argmax(np.abs(offset)))
-        if abs(offset[axis]) > DEAD_ZONE:
-            actions[i] = _MOVES[(axis, int(np.sign(offset[axis])))]
-    return actions
+    nearest = np.linalg.norm(rows[:, 4 : 4 + 2 * n].reshape(n, n, 2), axis=-1).argmin(axis=1)
+    return np.array([steer(rows, i, int(j)) for i, j in enumerate(nearest)], np.int64)
+
+
+def spread_fixed_action(obs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A reference convention: agent ``i`` steers to landmark ``i`` (every agent sees the landmarks in one order, so a
+    shared policy that sees its agent id can learn it; no landmark is left empty, but the pairing is not the
+    shortest)."""
+    n = spread_agent_num(obs)
+    rows = np.asarray(obs["obs"], np.float64)
+    return np.array([steer(rows, i, i) for i in range(n)], np.int64)
+
+
+SPREAD_POLICIES = {
+    "heuristic": spread_heuristic_action,
+    "nearest": spread_nearest_action,
+    "fixed": spread_fixed_action,
+}
 
 
 def spread_coverage(parallel_env: Any) -> Dict[str, float]:
@@ -107,7 +129,8 @@ def make_spread_env(env_kwargs: Optional[Mapping[str, Any]] = None) -> PettingZo
 def play_spread(
     policy: str, episodes: int, seed: int = 0, env_kwargs: Optional[Mapping[str, Any]] = None
 ) -> Dict[str, float]:
-    """Play ``episodes`` episodes of ``policy`` (``'random'`` or ``'heuristic'``) from ``seed``.
+    """Play ``episodes`` episodes of ``policy`` (``'random'`` or a name in ``SPREAD_POLICIES``: ``'heuristic'``,
+    ``'nearest'``, ``'fixed'``) from ``seed``.
 
     The env is seeded once with ``seed`` (episode ``k`` is the same layout for every policy); random actions come
     from ``np.random.default_rng(seed)``.
@@ -119,9 +142,10 @@ def play_spread(
     Raises:
         ValueError: an unknown policy or ``episodes < 1``.
     """
-    if policy not in ("random", "heuristic") or episodes < 1:
+    if policy != "random" and policy not in SPREAD_POLICIES or episodes < 1:
         raise ValueError(
-            f"play_spread: policy must be 'random' or 'heuristic' and episodes >= 1, got {policy!r}, {episodes}"
+            f"play_spread: policy must be 'random' or one of {sorted(SPREAD_POLICIES)} and episodes >= 1, got "
+            f"{policy!r}, {episodes}"
         )
     env = make_spread_env(env_kwargs)
     nvec = env.info().act_space.nvec
@@ -132,7 +156,7 @@ def play_spread(
         for _ in range(episodes):
             obs, done = env.reset(), False
             while not done:
-                action = spread_heuristic_action(obs) if policy == "heuristic" else rng.integers(nvec)
+                action = rng.integers(nvec) if policy == "random" else SPREAD_POLICIES[policy](obs)
                 obs, _, done, info = env.step(action)
             totals["team_return"].append(team_value(info["episode_return"], "sum"))
             for key in ("coverage", "landmark_dist"):
@@ -143,14 +167,19 @@ def play_spread(
 
 
 def measure_spread_baselines(
-    episodes: int = 100, seed: int = 0, env_kwargs: Optional[Mapping[str, Any]] = None
+    episodes: int = 100,
+    seed: int = 0,
+    env_kwargs: Optional[Mapping[str, Any]] = None,
+    policies: Sequence[str] = ("random", "heuristic"),
 ) -> Dict[str, float]:
-    """Mean team returns (sum over agents) of the random policy and of the assignment heuristic on the same episodes.
+    """Mean team returns (sum over agents) of ``policies`` on the same episodes: by default the random policy and the
+    assignment heuristic, the two ends of the benchmark's "fraction of the gap closed" (``'nearest'`` and
+    ``'fixed'`` are reference points between them).
 
     Returns:
-        ``{'random': ..., 'heuristic': ...}``, the two ends of the benchmark's "fraction of the gap closed".
+        ``{policy: team_return}``.
     """
-    return {p: play_spread(p, episodes, seed, env_kwargs)["team_return"] for p in ("random", "heuristic")}
+    return {p: play_spread(p, episodes, seed, env_kwargs)["team_return"] for p in policies}
 
 
 def gap_closed(team_return: float, baselines: Mapping[str, float]) -> float:
@@ -168,7 +197,11 @@ def gap_closed(team_return: float, baselines: Mapping[str, float]) -> float:
 
 
 __all__ = [
+    "SPREAD_POLICIES",
+    "steer",
     "spread_heuristic_action",
+    "spread_nearest_action",
+    "spread_fixed_action",
     "spread_assignment",
     "spread_coverage",
     "make_spread_env",
