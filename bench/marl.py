@@ -31,6 +31,7 @@ import datetime
 import glob
 import json
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -178,6 +179,7 @@ def run_nervex(
     n_eval: int,
     overrides: Sequence[str] = (),
     verbose: bool = False,
+    keep_dir: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Train nervex's config until ``steps`` env steps or ``seconds`` of wall clock (evaluation included).
 
@@ -215,7 +217,7 @@ def run_nervex(
                     point.update({k[5:]: float(v) for k, v in trainer.loop.evaluate().items() if k.startswith("eval/")})
                     curve.append(point)
                     break
-            return dict(
+            out = dict(
                 env_steps=int(trainer.env_step),
                 curve=curve,
                 collect_fps=trainer.env_step / max(timer.collect, 1e-9),
@@ -223,6 +225,9 @@ def run_nervex(
                 train_secs=timer.collect + timer.train,
                 config=dict(path=config, overrides=over, resolved=to_plain(trainer.cfg)),
             )
+        if keep_dir:  # the run directory (checkpoint, logs, eval.csv), after the trainer closed it
+            shutil.copytree(os.path.join(run_root, f"marl_{seed}"), keep_dir, dirs_exist_ok=True)
+    return out
 
 
 REFERENCES = {
@@ -282,6 +287,7 @@ def run_one(part: Part, algo: str, lib: str, seed: int, args: argparse.Namespace
             args.n_eval or part.n_eval,
             args.set or (),
             verbose=args.verbose,
+            keep_dir=os.path.join(args.out, f"run__{part.name}__{algo}__seed{seed}") if args.out else None,
         )
     else:
         out = run_peer(algo, seed, args.seconds or 600.0)
@@ -458,7 +464,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--eval-freq", type=int)
     p.add_argument("--n-eval", type=int)
     p.add_argument("--set", nargs="*", help="nervex config overrides, dotted")
-    p.add_argument("--out", help="save the records here instead (trials: the report reads only bench/results/marl)")
+    p.add_argument(
+        "--out", help="save the records and run directories here instead (trials: the report reads bench/results/marl)"
+    )
     p.add_argument("--verbose", action="store_true", help="print each evaluation as it comes")
     p.add_argument("--nervex-only", action="store_true", help="vmas: skip BenchMARL")
     p.add_argument("--report", action="store_true", help="render docs/benchmarks.md and the PNGs; run nothing")

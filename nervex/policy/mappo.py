@@ -77,6 +77,9 @@ class MAPPOPolicy(Policy):
         learn.learning_rate / critic_learning_rate (null: learning_rate) / lr_schedule: the two Adams' rates.
         learn.clip_ratio / clip_schedule; learn.value_clip_ratio (null: off); learn.value_weight; learn.entropy_weight;
         learn.adv_norm; learn.grad_clip (per network, 0: off); learn.adam_eps.
+        eval.greedy: evaluate each agent's most likely legal action (or its Gaussian mean), as the MAPPO code does;
+            false: sample the learned distribution as collection does (the policy PPO trained; in LBF, greedy agents
+            can block each other forever where sampling walks around).
     """
 
     on_policy = True
@@ -102,6 +105,7 @@ class MAPPOPolicy(Policy):
             adam_eps=Field(1e-5, gt=0),
         ),
         collect=dict(rollout_len=25),
+        eval=dict(greedy=True),
     )
 
     _value_rms: Optional[RunningMeanStd] = None
@@ -283,13 +287,15 @@ class MAPPOPolicy(Policy):
 
     # ---- eval -----------------------------------------------------------------------------------------------
     def _init_eval(self) -> None:
+        greedy = bool(self._cfg.eval.greedy)
         if self._continuous:
-            self._eval_agent = self._acting_agent("gaussian_sample", deterministic=True)
+            self._eval_agent = self._acting_agent("gaussian_sample", deterministic=greedy)
         else:
-            self._eval_agent = self._acting_agent("argmax_sample")
+            self._eval_agent = self._acting_agent("argmax_sample" if greedy else "multinomial_sample")
 
     def _forward_eval(self, data_id: List[int], data: Dict[str, Any]) -> Output:
-        """The greedy joint action: each agent's most likely legal action, or its Gaussian mean."""
+        """The joint action: each agent's most likely legal action, or its Gaussian mean (``eval.greedy``); else a
+        sample of each agent's (masked) distribution."""
         set_train_mode(self._model, False)
         kwargs = {"state_id": data_id} if self._recurrent else {}
         return {"action": self._eval_agent.forward(data, mode="compute_action", **kwargs)["action"]}

@@ -82,6 +82,26 @@ def test_masked_actions_are_never_taken_in_collect_and_eval():
     assert (distinct[several] > 1).mean() > 0.5
 
 
+def test_eval_greedy_false_samples_legal_actions_and_greedy_takes_the_argmax():
+    rng = np.random.default_rng(1)
+    masks = random_masks(rng, 64)
+    data = {i: observation(rng, masks[i]) for i in range(64)}
+    greedy, sampled = make(), make(eval={"greedy": False})
+    logits = greedy._model.compute_action(
+        {k: torch.as_tensor(np.stack([d[k] for d in data.values()])) for k in data[0]}
+    )
+    best = np.where(masks > 0, logits["logit"].detach().numpy(), -np.inf).argmax(-1)  # (64, N)
+    out = greedy.eval_mode.forward(list(data), data)
+    assert (np.stack([out[i]["action"] for i in data]) == best).all()
+    draws = np.stack(
+        [np.stack([o["action"] for o in sampled.eval_mode.forward(list(data), data).values()]) for _ in range(20)]
+    )
+    assert np.take_along_axis(masks[None], draws[..., None], axis=-1).all()  # legal only
+    several = masks.sum(-1) > 1
+    distinct = np.array([[len(set(draws[:, b, i])) for i in range(N)] for b in range(64)])
+    assert (distinct[several] > 1).mean() > 0.5  # it samples: rows with a choice vary
+
+
 def test_masked_logits_give_probability_zero_and_a_dead_agents_empty_mask_is_ignored():
     model = MAPPO(OBS_DIM, A, N, S)
     rng = np.random.default_rng(1)
