@@ -144,8 +144,17 @@ def machine() -> Dict[str, Any]:
     return info
 
 
-def command_line() -> str:
-    return "python bench/marl.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+def command_line(argv: Optional[Sequence[str]] = None) -> str:
+    """The command that reproduces a record: ``--out DIR`` and ``--verbose`` (where records go, what is printed)
+    do not change a run and are left out."""
+    args, kept = list(sys.argv[1:] if argv is None else argv), []
+    while args:
+        arg = args.pop(0)
+        if arg == "--out":
+            args.pop(0) if args else None
+        elif not arg.startswith("--out=") and arg != "--verbose":
+            kept.append(arg)
+    return "python bench/marl.py " + " ".join(shlex.quote(a) for a in kept)
 
 
 # ---- the nervex side -----------------------------------------------------------------------------------------------
