@@ -150,9 +150,9 @@ def command_line(argv: Optional[Sequence[str]] = None) -> str:
     args, kept = list(sys.argv[1:] if argv is None else argv), []
     while args:
         arg = args.pop(0)
-        if arg == "--out":
-            args.pop(0) if args else None
-        elif not arg.startswith("--out=") and arg != "--verbose":
+        if arg == "--out" and args:
+            args.pop(0)  # its value
+        elif arg != "--out" and not arg.startswith("--out=") and arg != "--verbose":
             kept.append(arg)
     return "python bench/marl.py " + " ".join(shlex.quote(a) for a in kept)
 
@@ -252,7 +252,7 @@ def spread_baselines(episodes: int = 200, seed: int = 12345) -> Dict[str, float]
     coordination) and ``fixed`` (agent i to landmark i, a convention an agent-id-conditioned policy can learn)."""
     from app_zoo.multiagent.mpe.envs import measure_spread_baselines
 
-    policies = ("random", "heuristic", "nearest", "fixed")
+    policies = ("random", "heuristic", *REFERENCES)
     return dict(measure_spread_baselines(episodes=episodes, seed=seed, policies=policies), episodes=episodes, seed=seed)
 
 
