@@ -1,9 +1,10 @@
-"""The QMIX mixer uses the state and is monotonic; VDN sums; the QMix model's shapes and shape errors."""
+"""The QMIX mixer uses the state and is monotonic; VDN sums; the QMix model's shapes and shape errors; AgentNet's
+sequence pass equals its step-by-step pass."""
 
 import pytest
 import torch
 
-from nervex.model import VDN, QMix, QMixer, VDNMixer, create_model
+from nervex.model import VDN, AgentNet, QMix, QMixer, VDNMixer, create_model
 
 
 def test_qmixer_output_changes_with_the_state():
@@ -111,3 +112,26 @@ def test_registered_models():
     vdn = create_model("vdn", obs_dim=5, action_dim=4, agent_num=3)
     assert isinstance(vdn, VDN) and isinstance(vdn.mixer, VDNMixer)
     assert sum(p.numel() for p in vdn.mixer.parameters()) == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"share_params": False}, {"per_agent_heads": True}, {"rnn": "none"}],
+    ids=["gru-shared", "gru-per-agent", "gru-per-agent-heads", "mlp"],
+)
+def test_agent_net_sequence_equals_stepping_one_step_at_a_time(kwargs):
+    torch.manual_seed(0)
+    net = AgentNet(obs_dim=5, action_dim=4, agent_num=3, hidden_sizes=[8], hidden_size=6, **kwargs)
+    obs = torch.randn(7, 2, 3, 5)
+    state = net.initial_state(2)
+    if state is not None:
+        state = {"h": torch.randn_like(state["h"])}
+    seq = net({"obs": obs, "prev_state": state}, sequence=True)
+    outs = []
+    for t in range(7):
+        step = net({"obs": obs[t], "prev_state": state})
+        outs.append(step["logit"])
+        state = step["next_state"]
+    torch.testing.assert_close(seq["logit"], torch.stack(outs), rtol=1e-5, atol=1e-6)
+    if state is not None:
+        torch.testing.assert_close(seq["next_state"]["h"], state["h"], rtol=1e-5, atol=1e-6)
