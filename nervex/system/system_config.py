@@ -40,6 +40,10 @@ COORDINATOR_CONFIG: Dict[str, Any] = dict(
     max_queued_results=Field(64, ge=1),  # results the learner has not polled yet above which no task is created
     hard_queued_results=Field(None, ge=1, kind="int"),  # ... above which a complete is refused (429); null: 2x soft
     min_free_bytes=Field(256 << 20, ge=0),  # free space on the storage root and run dir under which results are 507
+    max_connections=Field(1024, ge=1),  # open HTTP connections in all; over it no new one is accepted until some close
+    max_connections_per_peer=Field(256, ge=1),  # ... from one address: one peer never takes every slot
+    idle_timeout_s=Field(60.0, gt=0),  # a connection with no request in progress closes after this long
+    request_timeout_s=Field(30.0, gt=0),  # a request must arrive whole within this long of its first byte
 )
 
 LEARNER_CONFIG: Dict[str, Any] = dict(

@@ -171,6 +171,10 @@ def _check_path(path: str) -> None:
         raise ValueError(f"path {path!r} must start with '/' and use only unreserved characters (no '%', no spaces)")
 
 
+TIMESTAMP_RESOLUTION_S = 0.001
+"""Signatures carry milliseconds: a request signed as a verifier starts may be stamped up to this much before it."""
+
+
 class RequestVerifier:
     """Checks a request's signature, timestamp window and nonce; thread-safe.
 
@@ -179,11 +183,17 @@ class RequestVerifier:
     oldest is dropped and its request timestamp becomes a floor; requests stamped at or below the floor are refused
     with a retryable 503 (a fresh signature passes), so a dropped nonce can still never be replayed.
 
+    A second floor, ``not_before``, is the verifier's creation: the nonces a previous server of the same run (a coordinator before its
+    restart) accepted are not in this cache, so a request stamped before this server existed is refused the same way
+    (503; the client signs again, with a fresh timestamp) and a captured request can never be replayed after a
+    restart. A client whose clock is behind the server's by ``d`` retries for about ``d`` after a restart.
+
     Args:
         token: The run's secret.
         window_s: Accepted distance between the request's timestamp and this host's clock, in seconds.
         max_nonces: Most nonces kept.
         clock: Unix time source (injectable for tests).
+        not_before: Requests stamped before this time are refused (503); None: the clock at creation.
     """
 
     def __init__(
@@ -192,6 +202,7 @@ class RequestVerifier:
         window_s: float = 60.0,
         max_nonces: int = 100_000,
         clock: Callable[[], float] = time.time,
+        not_before: Optional[float] = None,
     ) -> None:
         _check_token(token)
         if window_s <= 0 or max_nonces < 1:
@@ -203,6 +214,7 @@ class RequestVerifier:
         self._lock = threading.Lock()
         self._nonces: OrderedDict[str, Tuple[float, float]] = OrderedDict()  # nonce -> (arrival, request timestamp)
         self._floor = -math.inf
+        self.not_before = float(clock()) if not_before is None else float(not_before)
 
     @property
     def cached_nonces(self) -> int:
@@ -256,9 +268,12 @@ class RequestVerifier:
                 raise ProtocolError(
                     401, "replayed nonce: this request was already accepted", field=f"header.{NONCE_HEADER}"
                 )
-            if timestamp <= self._floor:
+            if timestamp <= self._floor or timestamp < self.not_before - TIMESTAMP_RESOLUTION_S:
                 raise ProtocolError(
-                    503, "server busy: replay cache full, resend with a fresh signature", field=f"header.{NONCE_HEADER}"
+                    503,
+                    "request stamped before this server started (or its replay cache's floor): resend with a fresh "
+                    "signature",
+                    field=f"header.{NONCE_HEADER}",
                 )
             if len(self._nonces) >= self.max_nonces:
                 _, (_, dropped_timestamp) = self._nonces.popitem(last=False)

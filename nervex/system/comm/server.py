@@ -14,12 +14,17 @@ import logging
 import math
 import socket
 import threading
+import time
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Dict, Iterable, Optional, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-import waitress
 from flask import Flask, Response, request
 from waitress import wasyncore
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.server import TcpWSGIServer
+from waitress.task import ThreadedTaskDispatcher
 from werkzeug.exceptions import HTTPException
 
 from .auth import RequestVerifier
@@ -31,6 +36,34 @@ Handler = Callable[[Any], HandlerResult]
 HEALTHZ_PATH = "/healthz"
 _LOOPBACK_NAMES = ("localhost",)
 _INTERNAL_ERROR = "internal server error (details are in the server's log)"
+
+MAX_JSON_DEPTH = 32
+"""Objects and lists nest at most this deep in a request body (the protocol's deepest is 4)."""
+MAX_JSON_INT = 2**53 - 1
+"""The largest integer magnitude a request may carry: JSON's exactly representable integers, far inside SQLite's
+64-bit ones, so no stored count, sum or seq can overflow."""
+LOG_BURST = 10
+"""Refused connections and requests logged per ``LOG_WINDOW_S``; the rest are counted and summed up in one line."""
+LOG_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How many connections a server holds and for how long (waitress's, plus a per-peer cap and a request clock).
+
+    Attributes:
+        connections: Open connections in all; over it the server stops accepting until some close.
+        per_peer: Open connections from one address; a further one is closed at once (so one peer, idle or
+            reconnecting, never takes every slot).
+        idle_s: A connection with no request in progress and no byte received for this long is closed.
+        request_s: A request must arrive whole (headers and body) within this long of its first byte, or its
+            connection is closed (a peer trickling a header a byte at a time keeps no slot).
+    """
+
+    connections: int = 1024
+    per_peer: int = 256
+    idle_s: float = 30.0
+    request_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -56,8 +89,10 @@ class Server:
         port: Port to bind; 0 picks a free one (read ``.port`` after ``start()``).
         threads: waitress worker threads.
         max_body: Default body cap of a route, in bytes.
-        logger: Where errors and refused requests are logged; ``nervex.system.comm.server`` if None.
+        logger: Where errors and refused requests are logged (at most ``LOG_BURST`` refusals a minute, the rest
+            counted); ``nervex.system.comm.server`` if None.
         verifier: The request verifier; one over ``token`` with default window and cache if None.
+        limits: Connection limits; ``ConnectionLimits()`` if None.
     """
 
     def __init__(
@@ -70,9 +105,12 @@ class Server:
         max_body: int = 1 << 20,
         logger: Optional[logging.Logger] = None,
         verifier: Optional[RequestVerifier] = None,
+        limits: Optional[ConnectionLimits] = None,
     ) -> None:
         self.name = name
         self.logger = logger or logging.getLogger(__name__)
+        self.limits = limits or ConnectionLimits()
+        self._refusal_log = RateLimitedLog(self.logger)
         self._verifier = verifier or RequestVerifier(token)
         # "localhost" may resolve to ::1 first; the rest of the run expects the IPv4 loopback.
         self._host = "127.0.0.1" if host in _LOOPBACK_NAMES else host
@@ -140,18 +178,35 @@ class Server:
             if self._server is not None:
                 raise RuntimeError(f"server '{self.name}' is already started")
             sock = self._bind()
+            _allow_open_files(self.limits.connections + 128, self.logger)
             # waitress buffers a whole body before the app runs; this bounds that buffer (it refuses >= the value).
             largest_cap = max([self.max_body] + [entry.max_body for entry in self._routes.values()])
             self._socket_map = {}
+            limits = self.limits
+            adjustments = Adjustments(
+                sockets=[sock],
+                threads=self._threads,
+                max_request_body_size=largest_cap + 1,
+                ident="",  # no Server header
+                expose_tracebacks=False,
+                connection_limit=limits.connections,
+                channel_timeout=max(1, math.ceil(limits.idle_s)),
+                cleanup_interval=max(1, math.ceil(min(limits.idle_s, limits.request_s) / 4)),
+            )
             try:
-                self._server = waitress.create_server(
+                dispatcher = ThreadedTaskDispatcher()
+                dispatcher.set_thread_count(self._threads)
+                self._server = _GuardedServer(
                     self.app,
-                    map=self._socket_map,
-                    sockets=[sock],
-                    threads=self._threads,
-                    max_request_body_size=largest_cap + 1,
-                    ident="",  # no Server header
-                    expose_tracebacks=False,
+                    self._socket_map,
+                    _sock=sock,
+                    dispatcher=dispatcher,
+                    adj=adjustments,
+                    bind_socket=False,
+                    sockinfo=(sock.family, sock.type, sock.proto, sock.getsockname()),
+                    limits=limits,
+                    refusal_log=self._refusal_log,
+                    role_name=self.name,
                 )
             except BaseException:
                 sock.close()
@@ -257,7 +312,7 @@ class Server:
 
     def _error_response(self, error: ProtocolError) -> Response:
         if error.status in (401, 413):
-            self.logger.warning(
+            self._refusal_log.warning(
                 "server '%s': refused %s %s from %s: %s",
                 self.name,
                 request.method,
@@ -318,11 +373,54 @@ def _parse_json(body: bytes) -> Any:
     if not body:
         return None
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+        value = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as error:
         raise ProtocolError(400, f"malformed JSON body: {error}", field="body") from None
     except RecursionError:
         raise ProtocolError(400, "malformed JSON body: nested too deeply", field="body") from None
+    check_json_values(value)
+    return value
+
+
+def check_json_values(value: Any) -> None:
+    """Refuse what parses as JSON but no handler can store: nesting deeper than ``MAX_JSON_DEPTH``, an integer
+    beyond ``MAX_JSON_INT``, a string (or key) that is not valid UTF-8 (a lone surrogate such as ``"\\ud800"``).
+
+    Raises:
+        ProtocolError: 400 naming the field (``result.env_steps``; ``body`` at the top).
+    """
+    stack: List[Tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise ProtocolError(400, f"JSON nested deeper than {MAX_JSON_DEPTH} levels", field=where or "body")
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, item in items:
+                if isinstance(key, str):
+                    _check_text(key, where or "body")
+                    child = f"{where}.{key}" if where else key
+                else:
+                    child = f"{where}[{key}]"
+                stack.append((item, child, depth + 1))
+        elif isinstance(node, str):
+            _check_text(node, where or "body")
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_JSON_INT:
+            shown = str(node) if len(str(node)) <= 24 else f"an integer of {len(str(node))} digits"
+            raise ProtocolError(
+                400,
+                f"'{where or 'body'}' must be within +-{MAX_JSON_INT} (2**53 - 1), got {shown}",
+                field=where or "body",
+            )
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(
+            400, f"'{where}' holds a string that is not valid UTF-8 (a lone surrogate)", where
+        ) from None
 
 
 def _refuse_constant(name: str) -> Any:
@@ -337,6 +435,127 @@ def _normalize_result(entry: _Route, result: HandlerResult) -> Tuple[int, Any]:
     raise TypeError(f"handler of {entry.path} returned {type(result).__name__}; return a dict or (status, json)")
 
 
+class RateLimitedLog:
+    """Warnings at most ``burst`` per ``window_s``; the ones over are counted and reported with the next line logged.
+
+    A peer sending refused requests (or connections) in a loop fills no disk: about ``burst`` lines a minute.
+    """
+
+    def __init__(self, logger: logging.Logger, burst: int = LOG_BURST, window_s: float = LOG_WINDOW_S) -> None:
+        self.logger, self.burst, self.window_s = logger, int(burst), float(window_s)
+        self._lock = threading.Lock()
+        self._window_start = -math.inf
+        self._logged = 0
+        self.suppressed = 0
+        """Lines not logged since the last one that was."""
+
+    def warning(self, message: str, *args: Any) -> bool:
+        """Log ``message % args`` unless the window's burst is spent; whether it was logged."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._window_start >= self.window_s:
+                self._window_start, self._logged = now, 0
+            if self._logged >= self.burst:
+                self.suppressed += 1
+                return False
+            self._logged += 1
+            suppressed, self.suppressed = self.suppressed, 0
+        if suppressed:
+            message += f" ({suppressed} similar line(s) not logged in the last {self.window_s:g} s)"
+        self.logger.warning(message, *args)
+        return True
+
+
+class _TimedChannel(HTTPChannel):
+    """waitress's channel, stamped with when its current request began to arrive."""
+
+    request_started = 0.0
+
+    def received(self, data: bytes) -> bool:
+        if self.request is None and data:
+            self.request_started = time.time()
+        return super().received(data)
+
+
+class _GuardedServer(TcpWSGIServer):
+    """waitress's TCP server with a cap on connections per peer and a deadline for each request to arrive."""
+
+    channel_class = _TimedChannel
+
+    def __init__(
+        self,
+        *args: Any,
+        limits: ConnectionLimits,
+        refusal_log: RateLimitedLog,
+        role_name: str,
+        **kwargs: Any,
+    ) -> None:
+        self.limits, self.refusal_log, self.role_name = limits, refusal_log, role_name
+        super().__init__(*args, **kwargs)
+
+    def handle_accept(self) -> None:
+        try:
+            accepted = self.accept()
+        except OSError:
+            return
+        if accepted is None:
+            return
+        conn, addr = accepted
+        peer = addr[0] if isinstance(addr, tuple) else str(addr)
+        open_from_peer = sum(1 for channel in self.active_channels.values() if _peer(channel) == peer)
+        if open_from_peer >= self.limits.per_peer:
+            conn.close()
+            self.refusal_log.warning(
+                "server '%s': closed a connection from %s: it holds %d open (the per-peer limit)",
+                self.role_name,
+                peer,
+                open_from_peer,
+            )
+            return
+        self.channel_class(self, conn, addr, self.adj, map=self._map)
+
+    def maintenance(self, now: float) -> None:
+        super().maintenance(now)  # idle connections
+        cutoff = now - self.limits.request_s
+        late: Counter = Counter()
+        for channel in list(self.active_channels.values()):
+            partial = channel.request is not None and not channel.request.completed
+            if partial and not channel.requests and channel.request_started < cutoff:
+                channel.will_close = True
+                late[_peer(channel)] += 1
+        for peer, count in late.items():
+            self.refusal_log.warning(
+                "server '%s': closed %d connection(s) from %s: a request not whole within %g s",
+                self.role_name,
+                count,
+                peer,
+                self.limits.request_s,
+            )
+
+
+def _allow_open_files(needed: int, logger: logging.Logger) -> None:
+    """Raise this process's soft limit on open files to ``needed`` where the hard limit allows (else warn)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < needed:
+        logger.warning(
+            "open-file limit %d (hard) is below the %d the connection limit needs; raise it (ulimit -n)", hard, needed
+        )
+
+
+def _peer(channel: Any) -> str:
+    addr = getattr(channel, "addr", None)
+    return addr[0] if isinstance(addr, tuple) else str(addr)
+
+
 def _is_loopback(host: str) -> bool:
     if host in _LOOPBACK_NAMES:
         return True
@@ -346,4 +565,14 @@ def _is_loopback(host: str) -> bool:
         return False  # a host name: assume it is reachable from elsewhere
 
 
-__all__ = ["HEALTHZ_PATH", "Handler", "HandlerResult", "Server"]
+__all__ = [
+    "HEALTHZ_PATH",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_INT",
+    "ConnectionLimits",
+    "Handler",
+    "HandlerResult",
+    "RateLimitedLog",
+    "Server",
+    "check_json_values",
+]

@@ -130,8 +130,11 @@ class Storage:
             ProtocolError: 400 for a name that is not ``'<kind>/<64 hex>.safetensors'``.
         """
         _check_name(name)
+        path = self._own_path(name)
+        if path is None:
+            return
         try:
-            os.unlink(self._path(name))
+            os.unlink(path)
         except FileNotFoundError:
             pass
 
@@ -142,8 +145,11 @@ class Storage:
             ProtocolError: 400 for a kind that does not match ``KIND_PATTERN``.
         """
         _check_kind(kind)
+        directory = os.path.join(self.root, kind)
+        if os.path.islink(directory):  # not ours: a sweep must never delete through it
+            return []
         try:
-            files = os.listdir(os.path.join(self.root, kind))
+            files = os.listdir(directory)
         except FileNotFoundError:
             return []
         return sorted(f"{kind}/{file}" for file in files if _FILE.fullmatch(file))
@@ -151,16 +157,22 @@ class Storage:
     def age(self, name: str) -> Optional[float]:
         """Seconds since ``name`` was written, or None when it has no file."""
         _check_name(name)
+        path = self._own_path(name)
+        if path is None:
+            return None
         try:
-            return max(0.0, time.time() - os.stat(self._path(name)).st_mtime)
+            return max(0.0, time.time() - os.stat(path).st_mtime)
         except FileNotFoundError:
             return None
 
     def touch(self, name: str) -> None:
         """Make ``name`` young again (its ``age`` restarts from 0); a name with no file is not an error."""
         _check_name(name)
+        path = self._own_path(name)
+        if path is None:
+            return
         try:
-            os.utime(self._path(name))
+            os.utime(path)
         except FileNotFoundError:
             pass
 
@@ -174,14 +186,32 @@ class Storage:
         removed = 0
         for kind in os.listdir(self.root):
             directory = os.path.join(self.root, kind)
-            if not _KIND.fullmatch(kind) or not os.path.isdir(directory):
+            if not _KIND.fullmatch(kind) or os.path.islink(directory) or not os.path.isdir(directory):
                 continue
             temps = [os.path.join(directory, file) for file in os.listdir(directory) if file.startswith(TEMP_PREFIX)]
             removed += sum(_remove_if_older(temp, cutoff) for temp in temps)
         return removed
 
     def _path(self, name: str) -> str:
-        return os.path.join(self.root, *name.split("/"))
+        """The file of ``name``; a 400 when its kind directory is a symbolic link (nothing is read or written through
+        one: it could lead out of the root)."""
+        path = self._own_path(name)
+        if path is None:
+            kind = name.split("/")[0]
+            raise ProtocolError(
+                400,
+                f"the storage directory {os.path.join(self.root, kind)} is a symbolic link; nervex reads and writes "
+                f"only real directories under {self.root} (make it one, or point system.storage.root elsewhere)",
+                field="name",
+            )
+        return path
+
+    def _own_path(self, name: str) -> Optional[str]:
+        """The file of ``name``, or None when its kind directory is a symbolic link (then it holds no payload)."""
+        kind, file = name.split("/")
+        if os.path.islink(os.path.join(self.root, kind)):
+            return None
+        return os.path.join(self.root, kind, file)
 
     def _make_kind_dir(self, kind: str) -> None:
         directory = os.path.join(self.root, kind)

@@ -18,6 +18,14 @@ CREATE INDEX IF NOT EXISTS accepted_by_data ON accepted (data);
 """
 
 
+MAX_ROW_ENV_STEPS = 2**53 - 1
+"""The most env steps one accepted row may count (the routes bound each result far lower, by its task)."""
+
+
+def _countable(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ROW_ENV_STEPS
+
+
 class RunState:
     """The coordinator's own durable state: a key/value table and the index of accepted collect results.
 
@@ -31,7 +39,8 @@ class RunState:
     def __init__(self, path: str) -> None:
         self._db = Database(path, name="coordinator run state")
         self._db.script(_STATE_SCHEMA)
-        self.env_steps = int(self._one("SELECT COALESCE(SUM(env_steps), 0) FROM accepted"))
+        # TOTAL is a float sum: it cannot overflow whatever an older version stored
+        self.env_steps = int(self._one("SELECT COALESCE(TOTAL(env_steps), 0) FROM accepted"))
         self.last_seq = int(self._one("SELECT COALESCE(MAX(seq), 0) FROM accepted"))
 
     def close(self) -> None:
@@ -52,17 +61,26 @@ class RunState:
         self._db.execute("INSERT OR IGNORE INTO run_state VALUES (?, ?)", (key, json.dumps(value)))
         return self.get(key)
 
-    def ingest(self, results: List[Dict[str, Any]]) -> None:
-        """Index accepted collect results (``TaskTable.results`` rows, in seq order) in one transaction."""
+    def ingest(self, results: List[Dict[str, Any]]) -> List[int]:
+        """Index accepted collect results (``TaskTable.results`` rows, in seq order) in one transaction.
+
+        A row whose ``env_steps`` is not an integer in ``[0, MAX_ROW_ENV_STEPS]`` or whose ``data`` is not a string
+        (a database written before the routes bounded them) is indexed with 0 env steps, so one bad row never fails
+        every later pass. Returns the seqs of such rows, for the caller to log.
+        """
+        bad, total = [], 0
         with self._db.transaction() as conn:
             for row in results:
-                steps = int(row["result"]["env_steps"])
-                conn.execute(
-                    "INSERT INTO accepted VALUES (?, ?, ?, ?)",
-                    (row["seq"], row["task_id"], row["result"]["data"], steps),
-                )
-        self.env_steps += sum(int(row["result"]["env_steps"]) for row in results)
+                result = row["result"] if isinstance(row["result"], dict) else {}
+                steps, data = result.get("env_steps"), result.get("data")
+                if not _countable(steps) or not isinstance(data, str):
+                    bad.append(row["seq"])
+                    steps, data = 0, data if isinstance(data, str) else ""
+                conn.execute("INSERT INTO accepted VALUES (?, ?, ?, ?)", (row["seq"], row["task_id"], data, steps))
+                total += steps
+        self.env_steps += total
         self.last_seq = max([self.last_seq] + [row["seq"] for row in results])
+        return bad
 
     def holds_data(self, name: str) -> bool:
         """Whether an accepted result names the payload ``name``."""

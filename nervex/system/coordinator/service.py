@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from nervex.system.comm.auth import load_or_create_token
-from nervex.system.comm.server import Server
+from nervex.system.comm.server import ConnectionLimits, Server
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator.routes import CoordinatorRoutes
 from nervex.system.coordinator.run_state import RunState
@@ -222,7 +222,14 @@ class Coordinator:
         return self._make_server(token, self._port).start()
 
     def _make_server(self, token: bytes, port: int) -> Server:
-        server = Server("coordinator", token, host=self._host, port=port, logger=self.logger)
+        settings = self.settings
+        limits = ConnectionLimits(
+            connections=int(settings.max_connections),
+            per_peer=int(settings.max_connections_per_peer),
+            idle_s=float(settings.idle_timeout_s),
+            request_s=float(settings.request_timeout_s),
+        )
+        server = Server("coordinator", token, host=self._host, port=port, logger=self.logger, limits=limits)
         for path, handler in CoordinatorRoutes(self.state).handlers().items():
             server.route(path, ["POST"], handler)
         return server

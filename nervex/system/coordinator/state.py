@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator import backpressure
-from nervex.system.coordinator.run_state import RunState
+from nervex.system.coordinator.run_state import MAX_ROW_ENV_STEPS, RunState
 from nervex.system.coordinator.snapshots import (
     LatestLearnerSnapshot,
     LeagueOrLearnerSnapshot,
@@ -273,6 +273,7 @@ class CoordinatorState:
             collect = task["kind"] == "collect"
             current = self._check_lease_owner(task, lease_id, worker_id)
             if current and task["state"] == "leased" and collect:
+                self._check_collect_result(task, result)
                 try:
                     self._refuse_if_backpressured(task_id)
                 except ProtocolError:
@@ -285,6 +286,35 @@ class CoordinatorState:
             elif collect:
                 self._discard_stale_data(task_id, result["data"])
         return accepted
+
+    def _check_collect_result(self, task: Dict[str, Any], result: Dict[str, Any]) -> None:
+        """400 unless the result's env steps fit its task and its samples file exists (checked before anything is
+        recorded: a forged count or a name with no file is never accepted, and the lease stays the worker's)."""
+        bound, what = self._max_result_env_steps(task["payload"])
+        if result["env_steps"] > bound:
+            raise ProtocolError(
+                400,
+                f"'result.env_steps' is {result['env_steps']}, more than task {task['task_id']!r} can take ({what})",
+                field="result.env_steps",
+            )
+        if self.storage.age(result["data"]) is None:
+            raise ProtocolError(
+                400,
+                f"'result.data' names {result['data']}, which is not in the storage: write the file before reporting",
+                field="result.data",
+            )
+
+    def _max_result_env_steps(self, payload: Dict[str, Any]) -> Tuple[int, str]:
+        """The most env steps a collect task's result may report, and why."""
+        unit, n = str(payload.get("unit")), int(payload.get("n", 0))
+        envs = int(self.cfg.env.collector_env_num)
+        if unit == "sample":  # n steps in all; the last round of the vectorized envs may overshoot by envs - 1
+            return n + envs - 1, f"{n} samples over {envs} envs"
+        if unit == "rollout":
+            return n * envs, f"{n} steps of each of {envs} envs"
+        # episodes: as long as the run's whole budget at most (and a countable number)
+        bound = max(int(self.cfg.max_env_step), 1)
+        return min(bound, MAX_ROW_ENV_STEPS), f"{n} episodes, at most the run's max_env_step"
 
     def fail(self, worker_id: str, task_id: str, lease_id: str, reason: str) -> bool:
         """Give a leased task back (re-queued, or failed after ``max_attempts``); whether the failure is recorded."""
@@ -371,7 +401,14 @@ class CoordinatorState:
             rows = self.table.results("collect", self.run_state.last_seq, 500)
             if not rows:
                 return
-            self.run_state.ingest(rows)
+            bad = self.run_state.ingest(rows)
+            if bad:
+                self.logger.error(
+                    "indexed %d accepted result(s) with 0 env steps: their env_steps or data cannot be counted "
+                    "(seq %s)",
+                    len(bad),
+                    ", ".join(map(str, bad[:10])),
+                )
 
     # ---- back-pressure and task creation --------------------------------------------------------------------
     def _refuse_if_backpressured(self, task_id: str) -> None:

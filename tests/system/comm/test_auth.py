@@ -32,7 +32,7 @@ class FakeClock:
 
 
 def make_verifier(**kwargs):
-    return RequestVerifier(TOKEN, clock=FakeClock(), **kwargs)
+    return RequestVerifier(TOKEN, clock=FakeClock(), not_before=NOW - 3600.0, **kwargs)
 
 
 def nonce(i: int) -> str:
@@ -181,7 +181,7 @@ def test_query_string_400_names_it_without_value():
 
 def test_nonces_older_than_two_windows_are_evicted():
     clock = FakeClock()
-    verifier = RequestVerifier(TOKEN, window_s=60.0, clock=clock)
+    verifier = RequestVerifier(TOKEN, window_s=60.0, clock=clock, not_before=NOW - 3600.0)
     for i in range(5):
         verifier.verify("POST", "/task/ask", "", signed(i), BODY)
     clock.now = NOW + 119.0  # a request stamped NOW + 60 would still pass until NOW + 120
@@ -194,7 +194,7 @@ def test_nonces_older_than_two_windows_are_evicted():
 
 def test_full_cache_stays_bounded_and_still_refuses_replays():
     clock = FakeClock()
-    verifier = RequestVerifier(TOKEN, max_nonces=10, clock=clock)
+    verifier = RequestVerifier(TOKEN, max_nonces=10, clock=clock, not_before=NOW - 3600.0)
     for i in range(25):
         clock.now = NOW + i * 0.1
         verifier.verify("POST", "/task/ask", "", signed(i, timestamp=clock.now), BODY)
@@ -307,3 +307,15 @@ def test_bad_env_token_refused_without_echoing_it(tmp_path, monkeypatch, value):
         load_or_create_token(str(tmp_path))
     if value:
         assert value not in str(info.value)
+
+
+def test_a_request_stamped_before_the_verifier_existed_is_a_retryable_503():
+    """A restarted server has forgotten the nonces it accepted: a captured request, stamped before the restart, is
+    refused (503: an honest client signs again) even inside the window; a fresh signature passes."""
+    clock = FakeClock(NOW)
+    verifier = RequestVerifier(TOKEN, clock=clock)  # not_before: now
+    assert verifier.not_before == NOW
+    with pytest.raises(ProtocolError) as info:
+        verifier.verify("POST", "/task/ask", "", signed(1, timestamp=NOW - 5.0), BODY)
+    assert info.value.status == 503 and "before this server started" in info.value.message
+    verifier.verify("POST", "/task/ask", "", signed(2, timestamp=NOW), BODY)
