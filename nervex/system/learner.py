@@ -350,7 +350,8 @@ class LearnerRole:
         body = {
             "train_iter": self.train_iter,
             "env_step": self.env_step,
-            "sampled": self.train_iter * int(self.contract.learn.batch_size or 1) * self.world_size,
+            # one gradient step consumes batch_size samples, whatever the ranks (each samples its share)
+            "sampled": self.train_iter * int(self.contract.learn.batch_size or 1),
             "snapshot": self.snapshot,
             "policy_iter": max(0, self._published_iter),
         }

@@ -563,3 +563,30 @@ def test_lease_owner_names_the_worker_of_a_current_or_stale_lease(tmp_path):
         with pytest.raises(ProtocolError) as e:
             table.lease_owner("nope")
         assert e.value.status == 404
+
+
+def test_the_hot_queries_search_an_index_instead_of_scanning_the_table(tmp_path):
+    """The red-team pass measured 22 ms per ``results()`` and 13 ms per ``tasks(state=...)`` at 100k tasks: both
+    scanned the table. Each query a request or a tick makes now searches an index (its cost grows with the rows it
+    returns, not with the table)."""
+    from nervex.system.coordinator.task_table import _task_filter
+
+    table = TaskTable(str(tmp_path / "t.sqlite"))
+    try:
+        conn = table.db.connection()
+
+        def plan(sql: str, params: tuple) -> str:
+            return " | ".join(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params))
+
+        results = plan("SELECT task_id FROM tasks WHERE kind=? AND seq > ? ORDER BY seq LIMIT ?", ("collect", 0, 10))
+        assert "USING INDEX tasks_by_kind_seq" in results and "TEMP B-TREE" not in results, results
+        where, params = _task_filter("leased", "collect")
+        for sql in (f"SELECT * FROM tasks{where} ORDER BY num", f"SELECT COUNT(*) FROM tasks{where}"):
+            found = plan(sql, params)
+            assert "SEARCH tasks USING" in found and "SCAN tasks" not in found, found
+        assert _task_filter(None, None) == ("", ())
+        for kind, state in (("collect", None), (None, "pending"), ("collect", "done")):
+            table.add_task("collect", {"i": 0})
+            assert table.count(state=state, kind=kind) == len(table.tasks(state=state, kind=kind))
+    finally:
+        table.close()

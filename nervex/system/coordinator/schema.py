@@ -42,6 +42,7 @@ CREATE TABLE {name} (
 _TASK_INDEXES = (
     "CREATE INDEX tasks_by_kind_state ON tasks (kind, state, num)",
     "CREATE INDEX tasks_by_state_deadline ON tasks (state, deadline)",
+    "CREATE INDEX tasks_by_kind_seq ON tasks (kind, seq)",
 )
 _OTHER_TABLES = (
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",
@@ -62,6 +63,11 @@ _OTHER_TABLES = (
         ended_at REAL
     )""",
 )
+
+
+ADDED_INDEXES = ("CREATE INDEX IF NOT EXISTS tasks_by_kind_seq ON tasks (kind, seq)",)
+"""Indexes added since a schema version: created when a database of that version opens (no version bump: reading
+is unchanged, only faster)."""
 
 
 def to_json(value: Any, field: str) -> str:

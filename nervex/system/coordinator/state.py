@@ -130,7 +130,7 @@ class CoordinatorState:
     def status(self) -> Dict[str, Any]:
         """What ``/v1/status`` answers: tasks, workers, accepted env steps, queued results, progress."""
         table = self.table
-        collect = {s: len(table.tasks(state=s, kind="collect")) for s in ("pending", "leased")}
+        collect = {s: table.count(state=s, kind="collect") for s in ("pending", "leased")}
         workers = [{k: w[k] for k in ("worker_id", "role", "last_seen")} for w in table.workers()]
         return {
             "run_id": self.run_id,
@@ -466,7 +466,7 @@ class CoordinatorState:
         return backpressure.collect_budget(
             pending=pending,
             max_pending=self.settings.max_pending_collect,
-            in_flight=pending + len(self.table.tasks(state="leased", kind="collect")),
+            in_flight=pending + self.table.count(state="leased", kind="collect"),
             task_env_steps=self._task_env_steps(),
             accepted_env_steps=self.run_state.env_steps,
             max_env_step=self.cfg.max_env_step,

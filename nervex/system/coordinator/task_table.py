@@ -23,10 +23,11 @@ import math
 import sqlite3
 import time
 import uuid
-from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Tuple
 
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.coordinator.schema import (
+    ADDED_INDEXES,
     SCHEMA_VERSION,
     TASK_STATES,
     check_id,
@@ -100,7 +101,11 @@ class TaskTable:
         version = None if row is None else row["version"]
         if version == 1:
             self._upgrade_from_1()
-        elif version != SCHEMA_VERSION:
+        elif version == SCHEMA_VERSION:
+            with self._transaction() as conn:
+                for statement in ADDED_INDEXES:  # a database of this version written before they existed
+                    conn.execute(statement)
+        else:
             raise TaskTableError(
                 f"task table {self.path!r} has schema version {version}, this nervex reads versions 1 and "
                 f"{SCHEMA_VERSION}; open it with the nervex that wrote it, or start a new database"
@@ -394,11 +399,22 @@ class TaskTable:
             raise ProtocolError(400, f"unknown task state {state!r}; expected one of {TASK_STATES}", field="state")
         if kind is not None:
             check_kind(kind)
-        rows = self._query(
-            "SELECT * FROM tasks WHERE (?1 IS NULL OR state=?1) AND (?2 IS NULL OR kind=?2) ORDER BY num",
-            (state, kind),
-        )
+        where, params = _task_filter(state, kind)
+        rows = self._query(f"SELECT * FROM tasks{where} ORDER BY num", params)
         return [task_record(row) for row in rows]
+
+    def count(self, state: Optional[str] = None, kind: Optional[str] = None) -> int:
+        """Returns the number of tasks in ``state`` and of ``kind`` (None: any), from an index.
+
+        Raises:
+            ProtocolError: 400 unknown state or kind.
+        """
+        if state is not None and state not in TASK_STATES:
+            raise ProtocolError(400, f"unknown task state {state!r}; expected one of {TASK_STATES}", field="state")
+        if kind is not None:
+            check_kind(kind)
+        where, params = _task_filter(state, kind)
+        return int(self._query(f"SELECT COUNT(*) FROM tasks{where}", params)[0][0])
 
     def counts(self) -> Dict[str, int]:
         """Returns the number of tasks in each state, zeros included."""
@@ -484,3 +500,11 @@ class TaskTable:
             "WHERE task_id=?",
             (state, error, now, task_id),
         )
+
+
+def _task_filter(state: Optional[str], kind: Optional[str]) -> Tuple[str, Tuple[str, ...]]:
+    """A ``WHERE`` on the given columns only (a ``?1 IS NULL OR ...`` form would keep SQLite from its indexes)."""
+    terms = [(column, value) for column, value in (("kind", kind), ("state", state)) if value is not None]
+    if not terms:
+        return "", ()
+    return " WHERE " + " AND ".join(f"{column}=?" for column, _ in terms), tuple(value for _, value in terms)

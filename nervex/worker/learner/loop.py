@@ -239,8 +239,11 @@ class LearnLoop:
         """Up to ``steps`` gradient steps on batches sampled from the replay buffer, updating their priorities.
 
         Fewer are taken when the buffer holds less than a batch, or cannot give one (its samples-per-insert limit).
+        With ``world_size`` ranks each samples ``batch_size // world_size`` from its own buffer: one gradient step
+        (gradients averaged across ranks) consumes ``batch_size`` samples, as in serial mode, so the serial replay
+        ratio and the coordinator's rate limiter count the same thing.
         """
-        batch_size = int(self.contract.learn.batch_size)
+        batch_size = max(1, int(self.contract.learn.batch_size) // self.world_size)
         if self.buffer is None or steps <= 0 or len(self.buffer) < batch_size:
             return Trained(0, {})
         setting = self.policy.command_mode.get_setting_learn(self.command_info())

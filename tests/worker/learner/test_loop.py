@@ -182,6 +182,16 @@ def test_owed_steps_train_on_sampled_batches_and_update_their_priorities(runs):
     assert np.array_equal(np.argsort(stored, kind="stable"), np.argsort(td, kind="stable"))
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_each_rank_samples_its_share_of_an_off_policy_batch(runs, world_size):
+    """One gradient step consumes ``batch_size`` samples whatever the ranks (each samples ``batch_size // N``, the
+    gradients are averaged): the serial replay ratio, and the rate limiter's ``sampled``, count the same samples."""
+    run = runs(dqn_cfg(), run_dir=None, rank=0, world_size=world_size)
+    run.loop.store(run.collect())
+    assert run.loop.train_off_policy(3).steps == 3
+    assert [len(batch["obs"]) for batch in run.batches] == [8 // world_size] * 3
+
+
 def test_owed_steps_equal_a_hand_written_sample_train_update_loop(runs):
     """The loop's off-policy phase is exactly: sample, train, update priorities, ``steps`` times."""
     run, ref = runs(dqn_cfg(), run_dir=None), runs(dqn_cfg(), run_dir=None)
