@@ -59,6 +59,8 @@ class CheckpointKeeper:
         directory: Where the checkpoints go; created if missing.
         keep: How many of this keeper's checkpoints remain after a save (at least 1). Other files are never touched.
         interval_s: Seconds between time-based saves (see ``due``); ``math.inf`` turns them off.
+        first_interval_s: Seconds before the first time-based save (None: ``interval_s``); shorter, a process
+            killed early still leaves a checkpoint.
         prefix: File name prefix; names are ``<prefix><train_iter>.pt``, as serial runs write them.
         clock: Monotonic seconds, replaceable in tests.
         logger: Where warnings go (default: the ``nervex`` logger).
@@ -76,6 +78,7 @@ class CheckpointKeeper:
         prefix: str = "iteration_",
         clock: Callable[[], float] = time.monotonic,
         logger: Optional[logging.Logger] = None,
+        first_interval_s: Optional[float] = None,
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"CheckpointKeeper keep={keep!r} must be an int >= 1 (how many checkpoints remain)")
@@ -89,6 +92,10 @@ class CheckpointKeeper:
         self.directory = os.path.abspath(directory)
         self.keep = keep
         self.interval_s = float(interval_s)
+        self.first_interval_s = (
+            self.interval_s if first_interval_s is None else min(float(first_interval_s), interval_s)
+        )
+        self._saved_once = False
         self.prefix = prefix
         self._clock = clock
         self.logger = logger or logging.getLogger("nervex")
@@ -106,8 +113,9 @@ class CheckpointKeeper:
         return os.path.join(self.directory, f"{self.prefix}{train_iter}.pt")
 
     def due(self) -> bool:
-        """Whether ``interval_s`` has passed since the last save attempt (or since construction)."""
-        return self._clock() - self._last_save >= self.interval_s
+        """Whether ``interval_s`` has passed since the last save attempt (``first_interval_s`` since construction)."""
+        interval = self.interval_s if self._saved_once else self.first_interval_s
+        return self._clock() - self._last_save >= interval
 
     def save(self, state: Dict[str, Any], train_iter: int) -> str:
         """Write ``state`` atomically as ``<prefix><train_iter>.pt``, then drop the oldest beyond ``keep``.
@@ -131,7 +139,7 @@ class CheckpointKeeper:
         if isinstance(train_iter, bool) or not isinstance(train_iter, int) or train_iter < 0:
             raise ValueError(f"CheckpointKeeper.save train_iter={train_iter!r} must be an int >= 0")
         path = self.path_of(train_iter)
-        self._last_save = self._clock()
+        self._last_save, self._saved_once = self._clock(), True
         try:
             save_checkpoint(state, path)
         except (OSError, RuntimeError) as e:

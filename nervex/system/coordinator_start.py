@@ -15,6 +15,7 @@ policy and env it names.
 from __future__ import annotations
 
 import argparse
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,11 @@ import yaml
 from nervex.system.cli import build_parser as build_role_parser
 
 COMPILE_TIMEOUT_S = 600.0
+NODE_HOST = "node"
+"""``--host node``: bind this node's cluster address (what its hostname resolves to), so the address and the node the
+coordinator runs on always agree (Slurm picks the node)."""
+DRAIN_S = 30.0
+"""``--exit-when-finished``: how long a finished run's stop is served before the coordinator exits (at most)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
         "coordinator",
         "Run the coordinator of a parallel nervex run (task table, leases, back-pressure) until SIGTERM or SIGINT.",
     )
-    parser.add_argument("--host", default=None, help="bind address (default: system.coordinator.host, 127.0.0.1)")
+    parser.add_argument(
+        "--host",
+        default=None,
+        help="bind address (default: system.coordinator.host, 127.0.0.1); 'node': this node's cluster address",
+    )
+    parser.add_argument(
+        "--exit-when-finished",
+        action="store_true",
+        help="once the run finished and every worker saw the stop (at most 30 s), stop and exit 0 (Slurm steps end "
+        "on their own instead of being cancelled)",
+    )
     parser.add_argument("--port", type=int, default=None, help="port (default: system.coordinator.port; 0: a free one)")
     return parser
 
@@ -84,7 +100,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     logger = role_logger(run_dir, "coordinator")
     stop = StopFlag()
-    coordinator = Coordinator(cfg, run_dir, host=args.host, port=args.port, logger=logger)
+    host = node_address() if args.host == NODE_HOST else args.host
+    if args.host == NODE_HOST:
+        logger.info("binding this node's address %s (%s)", host, socket.gethostname())
+    coordinator = Coordinator(cfg, run_dir, host=host, port=args.port, logger=logger)
     try:
         try:
             coordinator.start()
@@ -92,9 +111,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             logger.error("coordinator_start: %s", error)
             return 2
         try:
+            finished_at: Optional[float] = None
             while not stop.is_set():
                 time.sleep(0.2)
-            logger.info("received %s; stopping", stop.signal_name or "a stop request")
+                if args.exit_when_finished and coordinator.finished() is not None:
+                    finished_at = finished_at or time.monotonic()
+                    if drained(coordinator, finished_at):
+                        logger.info("the run finished and its workers saw the stop; stopping")
+                        break
+            else:
+                logger.info("received %s; stopping", stop.signal_name or "a stop request")
         finally:
             coordinator.stop()
             logger.info("coordinator stopped")
@@ -102,6 +128,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         stop.restore()
         close_role_logger(logger)
+
+
+def node_address() -> str:
+    """This node's cluster address: its hostname's, or, where that is a loopback one (Debian's ``127.0.1.1``), the
+    source address of the route toward the Slurm controller's (or any outside) address."""
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        address = "127.0.0.1"
+    if not address.startswith("127."):
+        return address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.18.0.1", 9))  # no packet is sent: only the route is looked up
+            return str(probe.getsockname()[0])
+        except OSError:
+            return address
+
+
+def drained(coordinator: Any, finished_at: float) -> bool:
+    """Whether every worker has been seen since the run finished (so each got the stop), or ``DRAIN_S`` passed."""
+    if time.monotonic() - finished_at >= DRAIN_S:
+        return True
+    finished = coordinator.finished()
+    at, by = float(finished.get("at", 0.0)), finished.get("worker_id")
+    workers = [w for w in coordinator.task_table.workers() if w["worker_id"] != by]  # who finished it knows
+    return all(float(worker["last_seen"]) > at for worker in workers)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import torch
 from nervex.entry.builder import compile_parallel_config
 from nervex.policy import set_seed
 from nervex.system.comm.codec import encode_state_dict
+from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
 from nervex.system.protocol import DATA_POLL_PATH, LEARNER_PROGRESS_PATH, RUN_FINISH_PATH
 from nervex.system.role import RoleLink
@@ -42,10 +43,15 @@ from nervex.system.system_config import storage_root
 from nervex.utils.log_helper import ScalarWriter
 from nervex.worker.learner.loop import LearnLoop
 
-from .learner_data import TRAIN_CHUNK, DataIntake
+from .learner_data import TRAIN_CHUNK, DataIntake, SampleCheck
 
 PROGRESS_INTERVAL_S = 0.05
 """Progress (the rate limiter's input) is reported at most this often, and whenever a snapshot is published."""
+FIRST_CHECKPOINT_S = 60.0
+"""The first periodic checkpoint comes this soon (then every ``checkpoint_interval_min``): a learner killed early
+keeps its training."""
+SNAPSHOT_RETRY_S = 5.0
+"""A snapshot write that failed (a full storage disk) is tried again after this long; actors keep the previous one."""
 EVAL_DEFER_CREDIT = 4 * TRAIN_CHUNK
 """An evaluation that falls due waits for the gradient steps owed for the data so far (as serial mode evaluates after
 training on what it collected), unless more than this many are owed (actors far ahead, no rate limiter)."""
@@ -115,6 +121,7 @@ class LearnerRole:
         try:
             _, evaluator_env, env_info = make_env_managers(self.cfg, int(self.cfg.seed), collector=False)
             self._env_managers.append(evaluator_env)
+            self.env_info = env_info
             self.policy = make_policy(self.cfg, env_info, enable_field=["learn", "eval", "command"])
             self.learner = make_learner(self.cfg, self.policy, main_dir, self.logger, None)
             self.evaluator = make_evaluator(self.cfg, evaluator_env, self.policy)
@@ -133,6 +140,7 @@ class LearnerRole:
                 os.path.join(self.run_dir, "ckpt"),
                 keep=int(self.settings.keep_checkpoints),
                 interval_s=60.0 * float(self.settings.checkpoint_interval_min),
+                first_interval_s=FIRST_CHECKPOINT_S,
                 logger=self.logger,
             )
             if self.is_main
@@ -170,18 +178,29 @@ class LearnerRole:
             is_main=self.is_main,
             barrier=barrier,
             on_trained=lambda: self._publish(force=True),
+            check=SampleCheck(self.env_info.obs_space, self.env_info.act_space, self.env_info.agent_num),
         )
         self._grad_hooks: Any = None
         self.snapshot: Optional[str] = None
-        self._published: Deque[str] = deque()
+        self._snapshot_retry_at = 0.0
+        # a restarted learner's earlier snapshots count against keep_snapshots too (else each restart leaves them)
+        self._published: Deque[str] = deque(self._earlier_snapshots() if self.is_main else [])
         self._published_iter = -1
         self._published_at = 0.0
         self._reported_at = 0.0
         self._reported: Tuple[int, int] = (-1, -1)  # (train_iter, env_step) of the last progress report
         self._stop_seen = False
         self._closed = False
+        self._failed = False  # a step raised: no checkpoint on the way out (it would hold what the failure left)
         self.checkpoint_failures = 0
+        self.snapshot_failures = 0
+        self.rollbacks = 0
         self._start_time = time.time()
+
+    def _earlier_snapshots(self) -> List[str]:
+        """The snapshot files already in the storage (a restarted learner's), oldest first."""
+        names = self.storage.list("snapshot")
+        return sorted(names, key=lambda name: -(self.storage.age(name) or 0.0))
 
     def _join_group(self, resumed: Optional[str]) -> None:
         """Join the data-parallel group and start from rank 0's state: the checkpoint it resumed from (every rank
@@ -271,6 +290,9 @@ class LearnerRole:
                     self.save_checkpoint("SIGUSR1")
                 if not self.step(external_stop):
                     time.sleep(float(self.settings.poll_wait_s))
+        except BaseException:
+            self._failed = True
+            raise
         finally:
             self.close()
         return self.stop_reason
@@ -284,6 +306,9 @@ class LearnerRole:
             return True
         ingested = self.intake.ingest(message["items"])
         trained = self.intake.train_owed()
+        if (ingested or trained) and not self._weights_finite():
+            self._roll_back()
+            return True
         if self.is_main:
             self._publish()
             self._report()
@@ -331,7 +356,22 @@ class LearnerRole:
         ) and now - self._published_at >= float(self.settings.snapshot_min_interval_s)
         if not (force or due) or self.train_iter == self._published_iter:
             return None
-        name = self.storage.put(encode_state_dict(self.snapshot_state()), "snapshot")
+        if now < self._snapshot_retry_at:
+            return None
+        try:
+            name = self.storage.put(encode_state_dict(self.snapshot_state()), "snapshot")
+        except (ProtocolError, OSError) as error:
+            # a full storage disk (507): actors keep the previous snapshot; training goes on and this is retried
+            self.snapshot_failures += 1
+            self._snapshot_retry_at = now + SNAPSHOT_RETRY_S
+            self.logger.error(
+                "snapshot at train_iter %d not written, actors keep %s; retrying in %.0f s: %s",
+                self.train_iter,
+                self.snapshot,
+                SNAPSHOT_RETRY_S,
+                error,
+            )
+            return None
         self.snapshot, self._published_iter, self._published_at = name, self.train_iter, now
         if not self._published or self._published[-1] != name:
             self._published.append(name)
@@ -377,6 +417,38 @@ class LearnerRole:
     def _log(self, force: bool = False) -> None:
         self.loop.write_scalars(self.intake.figures(), force)
 
+    # ---- non-finite weights -----------------------------------------------------------------------------------
+    def _weights_finite(self) -> bool:
+        """Whether every tensor the policy trains is finite (what a checkpoint or a snapshot would hold)."""
+        state = self.policy.state_dict()
+        tensors = [t for t in _tensors(state.get("model", {}))] + [t for t in _tensors(state.get("extra", {}))]
+        return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+    def _roll_back(self) -> None:
+        """Weights turned non-finite (data the checks let through, a diverging step): load the newest checkpoint
+        (counters, cursor and weights), so the run goes on from there; with none, stop with a clear error."""
+        self.rollbacks += 1
+        loaded = self.keeper.load_latest() if self.keeper is not None else None
+        if self.world_size > 1:
+            raise RuntimeError(
+                "the learner's weights are not finite; with several ranks the step is restarted from the newest "
+                "checkpoint (restart the learner step)"
+            )
+        if loaded is None:
+            self._failed = True
+            raise RuntimeError(
+                "the learner's weights are not finite and no checkpoint was written yet to roll back to; nothing is "
+                "checkpointed. Check the data (data/bad_data) and the learning rate"
+            )
+        path, state = loaded
+        self._apply_checkpoint(state)
+        self.logger.error(
+            "the weights turned non-finite at train_iter %d: rolled back to %s (rollback %d)",
+            self.train_iter,
+            path,
+            self.rollbacks,
+        )
+
     # ---- checkpoints -------------------------------------------------------------------------------------------
     def checkpoint_state(self) -> Dict[str, Any]:
         """The learner's state (model, optimizer, counters) and the poll cursor, as a weights-only checkpoint."""
@@ -388,6 +460,12 @@ class LearnerRole:
         """Write ``ckpt/iteration_<n>.pt`` (rank 0). A failed write (a full disk) is logged and training goes on:
         the previous checkpoints are intact and the next one is tried after ``checkpoint_interval_min``."""
         if self.keeper is None:
+            return None
+        if not self._weights_finite():
+            self.checkpoint_failures += 1
+            self.logger.error(
+                "checkpoint (%s) not written: the weights are not finite; the previous ones are kept", why
+            )
             return None
         try:
             path = self.keeper.save(self.checkpoint_state(), self.train_iter)
@@ -404,7 +482,9 @@ class LearnerRole:
             return
         self._closed = True
         try:
-            if self.is_main:
+            if self.is_main and self._failed:
+                self.logger.error("a step failed: no checkpoint on the way out, the previous ones are intact")
+            elif self.is_main:
                 self._log(force=True)
                 self.save_checkpoint(f"stop: {self.stop_reason or 'closed'}")
                 self.loop.finish()  # learner.hook.save_ckpt_after_run: ckpt/final.pt
@@ -430,4 +510,14 @@ class LearnerRole:
         )
 
 
-__all__ = ["LearnerRole"]
+def _tensors(tree: Any) -> List[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, Mapping):
+        return [t for value in tree.values() for t in _tensors(value)]
+    if isinstance(tree, (list, tuple)):
+        return [t for value in tree for t in _tensors(value)]
+    return []
+
+
+__all__ = ["LearnerRole", "FIRST_CHECKPOINT_S", "SNAPSHOT_RETRY_S"]

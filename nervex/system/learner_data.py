@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -34,6 +35,180 @@ EPISODE_WINDOW = 100
 """Episodes ``rollout/ep_rew_mean`` and ``rollout/ep_len_mean`` are averaged over."""
 
 Layout = Tuple[Tuple[str, str], ...]
+
+MAX_SAMPLE_MAGNITUDE = 1e9
+"""The largest magnitude a float in a sample may have: no env or policy produces more, and a forged 1e32 squared in a
+loss overflows float32 and turns the weights NaN."""
+OBS_FIELDS = ("obs", "next_obs")
+"""The sample fields that hold an observation of the env's observation space (possibly with leading time axes)."""
+
+
+class SampleCheck:
+    """Checks samples against what the env declares, before any reaches the replay buffer or a gradient step.
+
+    ``obs``/``next_obs`` must fit the observation space (a ``Box``: its shape as the trailing axes, within its finite
+    bounds; a ``Dict``: each declared key that the sample holds), ``action`` the action space (``Discrete``: integers
+    in ``[0, n)``; ``MultiDiscrete``: per entry below ``nvec``; ``Box``: its shape, any finite value, as Gaussian
+    policies store unclipped actions), and no float anywhere may exceed ``MAX_SAMPLE_MAGNITUDE``. A file of another
+    layout is thus refused on its own values, not only against the first file that happened to arrive.
+
+    In a many-agent env, a single-agent policy over the agents (independent learners) stores one agent's view: a
+    sample that does not fit the joint space is checked against one agent's (the ``obs`` entry of a dict space, the
+    joint spaces without their leading agent axis, with the loosest bounds over the agents).
+
+    Args:
+        obs_space: The env's observation space (``env_info.obs_space``); None skips the observation check.
+        act_space: The env's action space; None skips the action check.
+        agent_num: The env's agents (``env_info.agent_num``).
+    """
+
+    def __init__(self, obs_space: Optional[gym.Space], act_space: Optional[gym.Space], agent_num: int = 1) -> None:
+        self.obs_space, self.act_space = obs_space, act_space
+        self.agent_num = int(agent_num)
+        self._agent_obs = _agent_space(obs_space, self.agent_num, dict_key="obs")
+        self._agent_act = _agent_space(act_space, self.agent_num)
+
+    def problem(self, samples: List[Dict[str, Any]]) -> Optional[str]:
+        """What does not fit (the field, the first offending sample and value, the bound), or None."""
+        if not samples:
+            return None
+        for name in samples[0]:
+            column = _column(samples, name)
+            if column is None:
+                continue
+            if name in OBS_FIELDS and self.obs_space is not None:
+                found = self._fit(name, column, self.obs_space, self._agent_obs, action=False)
+            elif name == "action" and self.act_space is not None:
+                found = self._fit(name, column, self.act_space, self._agent_act, action=True)
+            else:
+                found = _magnitude_problem(name, column)
+            if found is not None:
+                return found
+        return None
+
+    @staticmethod
+    def _fit(name: str, column: Any, space: gym.Space, agent: Optional[gym.Space], action: bool) -> Optional[str]:
+        found = _space_problem(name, column, space, action)
+        if found is not None and agent is not None and _space_problem(name, column, agent, action) is None:
+            return None  # one agent's view (independent learners)
+        return found
+
+
+def _agent_space(space: Optional[gym.Space], agent_num: int, dict_key: str = "") -> Optional[gym.Space]:
+    """One agent's part of a joint space (leading axis ``agent_num``), or None where there is none."""
+    if space is None or agent_num <= 1:
+        return None
+    if isinstance(space, gym.spaces.Dict):
+        return _agent_space(space.spaces.get(dict_key), agent_num) if dict_key else None
+    if isinstance(space, gym.spaces.Box) and space.shape[:1] == (agent_num,):
+        return gym.spaces.Box(space.low.min(axis=0), space.high.max(axis=0), dtype=space.dtype)
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.shape[:1] == (agent_num,):
+        nvec = np.asarray(space.nvec).max(axis=0)
+        return gym.spaces.Discrete(int(nvec)) if nvec.ndim == 0 else gym.spaces.MultiDiscrete(nvec)
+    return None
+
+
+def _column(samples: List[Dict[str, Any]], name: str) -> Optional[Any]:
+    """The field over all samples: an array with a leading sample axis, a dict of such columns, or None (not
+    numeric, or ragged: the layout check names those)."""
+    values = [sample.get(name) for sample in samples]
+    if isinstance(values[0], Mapping):
+        keys = values[0].keys()
+        if not all(isinstance(v, Mapping) and v.keys() == keys for v in values):
+            return None
+        return {key: _column([dict(v) for v in values], key) for key in keys}
+    try:
+        array = np.stack([np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v) for v in values])
+    except (ValueError, TypeError):
+        return None
+    return array if array.dtype.kind in "biuf" else None
+
+
+def _magnitude_problem(name: str, column: Any) -> Optional[str]:
+    if isinstance(column, dict):
+        for key, sub in column.items():
+            found = _magnitude_problem(f"{name}/{key}", sub) if sub is not None else None
+            if found is not None:
+                return found
+        return None
+    if column.dtype.kind == "f" and column.size:
+        big = np.abs(column) > MAX_SAMPLE_MAGNITUDE
+        if big.any():
+            index = tuple(int(i) for i in np.argwhere(big)[0])
+            return (
+                f"field {name!r}: {column[index]:.3g} in sample {index[0]} is beyond +-{MAX_SAMPLE_MAGNITUDE:g} "
+                "(no env produces it)"
+            )
+    return None
+
+
+def _space_problem(name: str, column: Any, space: gym.Space, action: bool) -> Optional[str]:
+    """What of ``column`` (the field over all samples, a leading sample axis) does not fit ``space``."""
+    if isinstance(space, gym.spaces.Dict):
+        return _dict_problem(name, column, space, action)
+    if isinstance(column, dict):
+        return f"field {name!r}: a dict where the env's space is {space}"
+    found = _magnitude_problem(name, column)
+    if found is not None:
+        return found
+    if isinstance(space, gym.spaces.Discrete):
+        return _integer_problem(name, column, (), int(space.start), int(space.start) + int(space.n), space)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        nvec = np.asarray(space.nvec)
+        start = np.asarray(getattr(space, "start", np.zeros_like(nvec)))
+        return _integer_problem(name, column, nvec.shape, start, start + nvec, space)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return _integer_problem(name, column, tuple(np.atleast_1d(space.n)), 0, 2, space)
+    if isinstance(space, gym.spaces.Box):
+        return _box_problem(name, column, space, action)
+    return None
+
+
+def _dict_problem(name: str, column: Any, space: gym.spaces.Dict, action: bool) -> Optional[str]:
+    if not isinstance(column, dict):
+        return f"field {name!r}: the env's space is a dict of {sorted(space.spaces)}, the sample's is not a dict"
+    for key, sub in column.items():
+        if sub is None:
+            continue
+        if key in space.spaces:
+            found = _space_problem(f"{name}/{key}", sub, space.spaces[key], action)
+        else:
+            found = _magnitude_problem(f"{name}/{key}", sub)
+        if found is not None:
+            return found
+    return None
+
+
+def _box_problem(name: str, column: np.ndarray, space: gym.spaces.Box, action: bool) -> Optional[str]:
+    shape = tuple(space.shape)
+    if column.ndim - 1 < len(shape) or column.shape[column.ndim - len(shape) :] != shape:
+        return f"field {name!r}: shape {column.shape[1:]} per sample does not end with the env's {shape}"
+    if action:
+        return None  # Gaussian policies store unclipped actions: any finite value
+    low, high = np.broadcast_to(space.low, shape), np.broadcast_to(space.high, shape)
+    outside = (column < low) | (column > high)
+    if not outside.any():
+        return None
+    index = tuple(int(i) for i in np.argwhere(outside)[0])
+    inner = index[column.ndim - len(shape) :]
+    return (
+        f"field {name!r}: {column[index]:.6g} in sample {index[0]} is outside the env's bounds "
+        f"[{low[inner]:.6g}, {high[inner]:.6g}] at {list(inner)}"
+    )
+
+
+def _integer_problem(
+    name: str, column: np.ndarray, shape: Tuple[int, ...], low: Any, high: Any, space: gym.Space
+) -> Optional[str]:
+    if column.dtype.kind == "f" and not np.array_equal(column, np.round(column)):
+        return f"field {name!r}: {space} takes integers, the samples hold fractions"
+    if shape and (column.ndim - 1 < len(shape) or column.shape[column.ndim - len(shape) :] != shape):
+        return f"field {name!r}: shape {column.shape[1:]} per sample does not end with the env's {shape}"
+    outside = (column < low) | (column >= high)
+    if np.any(outside):
+        index = tuple(int(i) for i in np.argwhere(outside)[0])
+        return f"field {name!r}: {column[index]} in sample {index[0]} is not an action or value of {space}"
+    return None
 
 
 def sample_layout(sample: Mapping[str, Any]) -> Layout:
@@ -58,6 +233,7 @@ class DataIntake:
         is_main: Rank 0 deletes each file once read.
         barrier: With several ranks, waits until every rank has read the file (before rank 0 deletes it).
         on_trained: Called after each rollout trained on (on-policy): the learner publishes a snapshot.
+        check: Checks each file's samples against the env's spaces (``SampleCheck``); None checks nothing.
     """
 
     def __init__(
@@ -69,8 +245,10 @@ class DataIntake:
         is_main: bool = True,
         barrier: Optional[Callable[[], None]] = None,
         on_trained: Optional[Callable[[], None]] = None,
+        check: Optional[SampleCheck] = None,
     ) -> None:
         self.loop, self.storage, self.logger = loop, storage, logger
+        self.check = check
         self.max_policy_lag = max_policy_lag
         self.is_main, self.barrier, self.on_trained = is_main, barrier, on_trained
         self.on_policy = bool(loop.contract.on_policy)
@@ -135,7 +313,9 @@ class DataIntake:
                 if episode.get("outcome") is not None:  # validated at the coordinator: -1, 0 or 1
                     self.episode_outcomes.append(int(episode["outcome"]))
                     self.outcome_counts[int(episode["outcome"])] += 1
-            if samples is None or not (self._trained if self.on_policy else self._stored)(samples, task_id):
+            if samples is None or not self._fits(samples, task_id):
+                continue
+            if not (self._trained if self.on_policy else self._stored)(samples, task_id):
                 continue
             count += 1
             self.counters["results"] += 1
@@ -169,6 +349,14 @@ class DataIntake:
             self.logger.warning("skipped the data of %s: %s", task_id, error)
             return None
         return samples
+
+    def _fits(self, samples: List[Dict[str, Any]], task_id: str) -> bool:
+        """Whether the samples fit the env's spaces (else counted in ``bad_data`` and logged with the field)."""
+        problem = None if self.check is None else self.check.problem(samples)
+        if problem is not None:
+            self._skipped(task_id, problem)
+            return False
+        return True
 
     def _stored(self, samples: List[Dict[str, Any]], task_id: str) -> bool:
         """Add ``samples`` to the replay buffer; False (counted, logged) when their fields or shapes are not the
@@ -219,4 +407,11 @@ class DataIntake:
         self.logger.warning("skipped the data of %s: %s", task_id, problem)
 
 
-__all__ = ["DataIntake", "sample_layout", "TRAIN_CHUNK", "EPISODE_WINDOW"]
+__all__ = [
+    "DataIntake",
+    "SampleCheck",
+    "sample_layout",
+    "TRAIN_CHUNK",
+    "EPISODE_WINDOW",
+    "MAX_SAMPLE_MAGNITUDE",
+]

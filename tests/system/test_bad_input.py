@@ -365,8 +365,8 @@ def test_the_relay_passes_the_coordinators_refusals_on_with_status_and_field(coo
 
 
 def _sample(i: int, reward: float = 1.0) -> Dict[str, Any]:
-    obs = np.full(4, i, np.float32)
-    return {"obs": obs, "action": np.int64(i % 2), "reward": np.float32(reward), "next_obs": obs + 1, "done": False}
+    obs = np.full(4, 0.01 * i, np.float32)  # inside CartPole's observation space, as the learner checks
+    return {"obs": obs, "action": np.int64(i % 2), "reward": np.float32(reward), "next_obs": obs + 0.001, "done": False}
 
 
 def _raw(header: Any, buffer: bytes = b"", length: Optional[int] = None) -> bytes:

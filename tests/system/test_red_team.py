@@ -12,12 +12,16 @@ import json
 import logging
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+import numpy as np
 import pytest
 import requests
+import torch
 
 from nervex.system.comm.auth import sign_request
 from nervex.system.comm.errors import ProtocolError
@@ -358,3 +362,228 @@ def test_a_request_captured_before_a_restart_cannot_be_replayed_after_it(harness
         assert again.learner_progress()["train_iter"] == 5001
     finally:
         again.stop()
+
+
+# --------------------------------------------------------------------------- the learner and well-formed bad samples
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Any]:
+    """A coordinator and a learner on cartpole_dqn.yaml (``test_bad_input.make_cfg``), with helpers to post files."""
+    from nervex.system.comm.client import Client
+    from nervex.system.comm.storage import Storage
+    from nervex.system.learner import LearnerRole
+    from nervex.system.system_config import storage_root
+
+    from .test_bad_input import make_cfg, register_body
+
+    run_dir = tmp_path / "run"
+    coordinator = Coordinator(make_cfg(), str(run_dir), token=TOKEN).start()
+    client = Client(coordinator.url, TOKEN, deadline_s=10.0)
+    learner = None
+    try:
+        learner = LearnerRole(
+            make_cfg(), str(run_dir), "learner0", url=coordinator.url, token=TOKEN,
+            logger=logging.getLogger("test_red_team.learner"),
+        )  # fmt: skip
+        storage = Storage(storage_root(coordinator.cfg, str(run_dir)), min_free_bytes=0)
+        client.post(REGISTER_PATH, register_body(coordinator, "actor0"))
+
+        def post(samples: List[Dict[str, Any]]) -> str:
+            from nervex.system.protocol import TASK_LEASE_PATH
+            from nervex.system.samples import encode_samples
+
+            coordinator.tick()
+            task = client.post(TASK_LEASE_PATH, {"worker_id": "actor0", "kind": "collect"})["task"]
+            data = storage.put(encode_samples(samples), "samples")
+            result = dict(data=data, n_samples=len(samples), env_steps=len(samples), episodes=[], policy_iter=0)
+            assert client.post(TASK_COMPLETE_PATH, _complete_body(task, result))["accepted"]
+            return task["task_id"]
+
+        yield SimpleNamespace(coordinator=coordinator, learner=learner, storage=storage, post=post, run_dir=run_dir)
+    finally:
+        if learner is not None:
+            learner.close()
+        client.close()
+        coordinator.stop()
+
+
+def _good(n: int = 8, reward: float = 1.0) -> List[Dict[str, Any]]:
+    from .test_bad_input import _sample
+
+    return [_sample(i, reward) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "case, change, field",
+    [
+        ("an action CartPole does not have", {"action": np.int64(7)}, "action"),
+        (
+            "a finite but huge observation in an unbounded dimension",
+            {"obs": np.array([0, 1e32, 0, 0], np.float32)},
+            "obs",
+        ),
+        ("an observation outside the declared bounds", {"next_obs": np.array([9.0, 0, 0, 0], np.float32)}, "next_obs"),
+        ("a huge reward", {"reward": np.float32(1e30)}, "reward"),
+        ("an observation of another shape", {"obs": np.zeros(5, np.float32)}, "obs"),
+    ],
+)
+def test_samples_that_do_not_fit_the_envs_spaces_are_skipped_even_as_the_first_file(live, caplog, case, change, field):
+    """The findings: ``action = 7`` on CartPole ended a live run (index error); 1e32 observations turned the weights
+    NaN; the first file fixed the buffer's layout, so a bad first file got every real file refused. Each file is now
+    checked against the env's declared spaces before it reaches the buffer: the bad one is skipped (counted, its
+    field named), the good ones after it are stored."""
+    bad = _good()
+    if case == "an observation of another shape":  # a file holds one shape per field: all of them
+        bad = [{**sample, **change} for sample in bad]
+    else:
+        bad[3] = {**bad[3], **change}
+    with caplog.at_level(logging.WARNING, logger="test_red_team.learner"):
+        bad_task = live.post(bad)  # the first file the learner ever sees
+        live.post(_good(reward=10.0))
+        assert live.learner.step() is True
+    assert live.learner.counters["bad_data"] == 1 and live.learner.counters["results"] == 1, case
+    assert len(live.learner.buffer) == 8
+    line = next(r.getMessage() for r in caplog.records if bad_task in r.getMessage())
+    assert f"field '{field}'" in line and ("sample 3" in line or "per sample does not end with" in line), line
+    assert live.learner.step() is False  # and it goes on
+
+
+def test_weights_turned_non_finite_roll_back_to_the_newest_checkpoint_and_are_never_checkpointed(live, caplog):
+    learner = live.learner
+    first = learner.save_checkpoint("periodic")
+    assert first is not None
+    good = {k: v.clone() for k, v in learner.policy.state_dict()["model"].items()}
+    learner.learner.last_iter += 5
+    with torch.no_grad():
+        next(learner.policy._model.parameters()).fill_(float("nan"))  # what a diverging step leaves
+    with caplog.at_level(logging.ERROR, logger="test_red_team.learner"):
+        assert learner.save_checkpoint("periodic") is None
+        assert "the weights are not finite" in caplog.text
+        live.post(_good())
+        assert learner.step() is True
+    assert "rolled back to" in caplog.text and learner.rollbacks == 1
+    assert learner.train_iter == 0
+    now = learner.policy.state_dict()["model"]
+    assert all(torch.equal(good[k], now[k]) for k in good)
+    assert sorted(os.listdir(live.run_dir / "ckpt")) == ["iteration_0.pt"]
+
+
+def test_non_finite_weights_with_no_checkpoint_stop_the_learner_and_write_none(live):
+    learner = live.learner
+    with torch.no_grad():
+        next(learner.policy._model.parameters()).fill_(float("inf"))
+    live.post(_good())
+    stop = SimpleNamespace(stop_requested=lambda: False, checkpoint_requested=lambda: False)
+    with pytest.raises(RuntimeError, match="no checkpoint was written yet to roll back to"):
+        learner.run(stop)
+    assert [f for f in os.listdir(live.run_dir / "ckpt") if f.endswith(".pt")] == []
+
+
+def test_a_failed_step_leaves_no_checkpoint_on_the_way_out(live):
+    """A step that raises (a gradient step failing midway) must not be followed by a checkpoint of what it left;
+    the previous checkpoints are the restart's."""
+    learner = live.learner
+    assert learner.save_checkpoint("periodic") is not None
+    learner.learner.last_iter += 3
+
+    def failing_step() -> int:
+        raise RuntimeError("a gradient step failed midway")
+
+    learner.intake.train_owed = failing_step  # the fault, injected where a real step would fail
+    stop = SimpleNamespace(stop_requested=lambda: False, checkpoint_requested=lambda: False)
+    with pytest.raises(RuntimeError, match="failed midway"):
+        learner.run(stop)
+    assert sorted(os.listdir(live.run_dir / "ckpt")) == ["iteration_0.pt"]
+
+
+def test_the_first_periodic_checkpoint_comes_within_a_minute():
+    from nervex.system.checkpoints import CheckpointKeeper
+    from nervex.system.learner import FIRST_CHECKPOINT_S
+
+    clock = FakeClock(0.0)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        keeper = CheckpointKeeper(directory, interval_s=600.0, first_interval_s=FIRST_CHECKPOINT_S, clock=clock)
+        clock.now = FIRST_CHECKPOINT_S - 1
+        assert not keeper.due()
+        clock.now = FIRST_CHECKPOINT_S
+        assert keeper.due()
+        keeper.save({"x": 1}, 0)
+        clock.now += FIRST_CHECKPOINT_S
+        assert not keeper.due()  # then every interval_s
+        clock.now += 600.0
+        assert keeper.due()
+
+
+def test_a_restarted_learner_deletes_its_earlier_snapshots_beyond_keep_snapshots(live):
+    from nervex.system.comm.codec import encode_state_dict
+    from nervex.system.learner import LearnerRole
+
+    from .test_bad_input import make_cfg
+
+    keep = int(live.learner.settings.keep_snapshots)
+    earlier = []
+    for i in range(keep + 5):  # what earlier incarnations left
+        name = live.storage.put(encode_state_dict({"w": torch.full((2,), float(i))}), "snapshot")
+        os.utime(os.path.join(live.storage.root, name), (1000 + i, 1000 + i))
+        earlier.append(name)
+    live.learner.close()
+    again = LearnerRole(
+        make_cfg(), str(live.run_dir), "learner0", url=live.coordinator.url, token=TOKEN,
+        logger=logging.getLogger("test_red_team.learner"),
+    )  # fmt: skip
+    try:
+        again.learner.last_iter += 1
+        assert again._publish(force=True) is not None
+        left = live.storage.list("snapshot")
+        assert len(left) == keep and again.snapshot in left
+        assert set(left) - {again.snapshot} == set(earlier[-(keep - 1) :])  # the newest earlier ones stay
+    finally:
+        again.close()
+
+
+def test_a_full_storage_disk_keeps_the_previous_snapshot_and_retries(tmp_path, caplog):
+    """The finding: the learner's snapshot write raised an uncaught 507 and the launcher stopped every role. Now the
+    previous snapshot stays announced, the failure is logged and counted, and the write is retried."""
+    from nervex.system.learner import SNAPSHOT_RETRY_S, LearnerRole
+
+    from .test_bad_input import fill, make_cfg, tiny_disk  # noqa: F401
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mount)], capture_output=True)
+    if out.returncode != 0:
+        pytest.skip("mounting a 1 MiB tmpfs needs root")
+    learner = None
+    filler = None
+    try:
+        learner = LearnerRole(
+            make_cfg(), str(mount / "run"), "learner0", url="http://127.0.0.1:9", token=TOKEN,
+            logger=logging.getLogger("test_red_team.learner"),
+        )  # fmt: skip
+        learner.link = None  # no coordinator: _publish's report is skipped
+        learner.learner.last_iter = 1
+        first = learner._publish(force=True)
+        assert first is not None and learner.snapshot == first
+        filler = fill(mount)
+        learner.learner.last_iter = 2
+        with torch.no_grad():
+            next(learner.policy._model.parameters()).add_(1.0)  # new weights: a new file (names are content hashes)
+        with caplog.at_level(logging.ERROR, logger="test_red_team.learner"):
+            assert learner._publish(force=True) is None  # logged, not raised
+        assert learner.snapshot == first and learner.snapshot_failures == 1
+        assert "not written, actors keep" in caplog.text
+        os.remove(filler)
+        filler = None
+        assert learner._publish(force=True) is None  # not before SNAPSHOT_RETRY_S
+        learner._snapshot_retry_at -= SNAPSHOT_RETRY_S
+        second = learner._publish(force=True)
+        assert second is not None and second != first and learner.snapshot == second
+    finally:
+        if filler is not None:
+            os.remove(filler)
+        if learner is not None:
+            learner.close()
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)

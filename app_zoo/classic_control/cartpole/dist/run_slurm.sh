@@ -3,8 +3,8 @@
 #   app_zoo/classic_control/cartpole/dist/run_slurm.sh PARTITION [CONFIG]
 # Environment: LEARNERS (learner ranks, default 1: >1 trains data-parallel with torch.distributed), NODES (nodes with
 # a manager and its actors, default 1), ACTORS (actors per manager, default: system.manager.actors), COORD_HOST (the
-# coordinator's bind address; default 127.0.0.1, which is right only when every role runs on one node: on several
-# nodes give the coordinator node's cluster-network address), RUN_DIR (on a file system every node mounts; the SQLite
+# coordinator's bind address; default "node": the address of the node Slurm places the coordinator on, whatever it
+# is, so the address and the node always agree; 127.0.0.1 only when every role runs on one node), RUN_DIR (on a file system every node mounts; the SQLite
 # files must be on node-local disk, see docs/parallel.md), LEARNER_RESTARTS (default 3: a learner step that fails, e.g.
 # a rank killed, is started again and resumes from its newest checkpoint, at most this many times), LEAGUE_RESTARTS
 # (default 3: the same for the league manager step; its league lives in the coordinator's SQLite, and while it is down
@@ -17,7 +17,9 @@ PY="${PYTHON:-$PWD/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 LEARNERS="${LEARNERS:-1}"
 NODES="${NODES:-1}"
-COORD_HOST="${COORD_HOST:-127.0.0.1}"
+COORD_HOST="${COORD_HOST:-node}"
+TAG="$$"  # this run's steps are named nervex-<role>-$TAG: the end of the run signals them, and nothing else
+GRACE_S="${GRACE_S:-60}"
 RUN_DIR="${RUN_DIR:-runs/$(basename "$CONFIG" .yaml)__$(date +%Y%m%d-%H%M%S)}"
 ARGS=(--config "$CONFIG" --run-dir "$RUN_DIR")
 ACTOR_ARGS=()
@@ -25,12 +27,30 @@ ACTOR_ARGS=()
 mkdir -p "$RUN_DIR/logs"
 
 pids=()
+alive() { local pid; for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
+wait_steps() { # SECONDS: wait until every step has ended, at most that long; whether they all ended
+  local deadline=$((SECONDS + $1))
+  while alive; do [ "$SECONDS" -ge "$deadline" ] && return 1; sleep 1; done
+  return 0
+}
+term_steps() { # SIGTERM the tasks of this run's steps still running (scancel --signal signals, it does not cancel)
+  local ids
+  ids=$(squeue -h -s -o "%i %j" 2>/dev/null | awk -v tag="-$TAG" 'index($2, "nervex-") == 1 && substr($2, length($2) - length(tag) + 1) == tag {print $1}')
+  [ -n "$ids" ] && scancel --signal=TERM $ids 2>/dev/null || true
+}
 stop_all() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done  # srun forwards SIGTERM to its tasks
+  # the roles stop by themselves once the run finished (the coordinator drains its stop, then exits); whatever still
+  # runs gets SIGTERM (each role logs its clean stop), and only after GRACE_S more does srun cancel (SIGKILL) it
+  if [ -z "${INTERRUPTED:-}" ]; then
+    wait_steps "$GRACE_S" && { wait 2>/dev/null || true; return; }
+  fi
+  echo "run_slurm.sh: sending SIGTERM to the steps still running" >&2
+  term_steps
+  wait_steps "$GRACE_S" || for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
 }
 trap stop_all EXIT
-trap 'exit 130' INT TERM
+trap 'INTERRUPTED=1; exit 130' INT TERM
 
 # keep_running RESTARTS NAME LOG COMMAND...: run COMMAND (output appended to LOG), and again when it fails, at most
 # RESTARTS more times; SIGTERM stops the command (srun forwards it to the step's tasks) and the loop
@@ -52,13 +72,14 @@ keep_running() {
   done
 }
 
-srun -p "$PARTITION" --job-name=nervex-coordinator -N1 -n1 \
-  "$PY" -u -m nervex.system.coordinator_start "${ARGS[@]}" --host "$COORD_HOST" >>"$RUN_DIR/logs/coordinator.stderr" 2>&1 &
+srun -p "$PARTITION" --job-name="nervex-coordinator-$TAG" -N1 -n1 \
+  "$PY" -u -m nervex.system.coordinator_start "${ARGS[@]}" --host "$COORD_HOST" --exit-when-finished \
+  >>"$RUN_DIR/logs/coordinator.stderr" 2>&1 &
 pids+=($!)
 keep_running "${LEAGUE_RESTARTS:-3}" "league manager" "$RUN_DIR/logs/league_manager.stderr" \
-  srun -p "$PARTITION" --job-name=nervex-league -N1 -n1 "$PY" -u -m nervex.system.league_manager_start "${ARGS[@]}" &
+  srun -p "$PARTITION" --job-name="nervex-league-$TAG" -N1 -n1 "$PY" -u -m nervex.system.league_manager_start "${ARGS[@]}" &
 pids+=($!)
-srun -p "$PARTITION" --job-name=nervex-manager -N"$NODES" --ntasks-per-node=1 \
+srun -p "$PARTITION" --job-name="nervex-manager-$TAG" -N"$NODES" --ntasks-per-node=1 \
   "$PY" -u -m nervex.system.manager_start "${ARGS[@]}" "${ACTOR_ARGS[@]}" >>"$RUN_DIR/logs/manager.stderr" 2>&1 &
 pids+=($!)
 # the learner ranks as one step: a rank that fails ends the step (the others would wait on it until the
@@ -68,7 +89,7 @@ LEARNER_RESTARTS="${LEARNER_RESTARTS:-3}"
 echo "run_slurm.sh: run directory $RUN_DIR (logs in $RUN_DIR/logs)" >&2
 attempt=0
 while :; do
-  srun -p "$PARTITION" --job-name=nervex-learner -n"$LEARNERS" --kill-on-bad-exit=1 \
+  srun -p "$PARTITION" --job-name="nervex-learner-$TAG" -n"$LEARNERS" --kill-on-bad-exit=1 \
     "$PY" -u -m nervex.system.learner_start "${ARGS[@]}" >>"$RUN_DIR/logs/learner.stderr" 2>&1 &
   learner=$!
   pids+=($learner)
