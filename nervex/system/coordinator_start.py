@@ -149,13 +149,17 @@ def node_address() -> str:
 
 
 def drained(coordinator: Any, finished_at: float) -> bool:
-    """Whether every worker has been seen since the run finished (so each got the stop), or ``DRAIN_S`` passed."""
+    """Whether every live worker (seen within a lease of the end) has been answered "stop", or ``DRAIN_S`` passed."""
     if time.monotonic() - finished_at >= DRAIN_S:
         return True
     finished = coordinator.finished()
     at, by = float(finished.get("at", 0.0)), finished.get("worker_id")
-    workers = [w for w in coordinator.task_table.workers() if w["worker_id"] != by]  # who finished it knows
-    return all(float(worker["last_seen"]) > at for worker in workers)
+    live_since = at - float(coordinator.state.settings.lease_s)
+    told = coordinator.state.told_stop
+    for worker in coordinator.task_table.workers():
+        if worker["worker_id"] != by and float(worker["last_seen"]) >= live_since and worker["worker_id"] not in told:
+            return False
+    return True
 
 
 if __name__ == "__main__":

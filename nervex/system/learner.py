@@ -502,11 +502,12 @@ class LearnerRole:
 
                 distributed.destroy_process_group()
         self.logger.info(
-            "learner stopped (%s) at env_step=%d train_iter=%d after %.1f s",
+            "learner stopped (%s) at env_step=%d train_iter=%d after %.1f s; data: %s",
             self.stop_reason,
             self.env_step,
             self.train_iter,
             time.time() - self._start_time,
+            " ".join(f"{name}={count}" for name, count in self.counters.items()),
         )
 
 

@@ -262,6 +262,8 @@ class RoleLink:
 
     def _beat(self) -> None:
         while not self._heartbeat_stop.wait(self.heartbeat_s):
+            if self.stopping.is_set():
+                return  # the run finished (the coordinator said stop): nothing to renew, and it may be gone already
             try:
                 answer = self.call_registered(HEARTBEAT_PATH, {"lease_ids": list(self._leases())})
             except RoleExit as error:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -19,13 +20,21 @@ LOCAL_SLURM = REPO_ROOT.parent / "shared" / "tools" / "local_slurm.sh"
 RUN_SLURM = REPO_ROOT / "app_zoo" / "classic_control" / "cartpole" / "dist" / "run_slurm.sh"
 
 
-@pytest.mark.slow
-def test_run_slurm_reaches_195_under_a_real_slurm(tmp_path):
+@pytest.fixture
+def partition() -> Iterator[str]:
+    """A real one-node Slurm (``local_slurm.sh``) for the test, stopped at its end; its partition's name."""
     if not LOCAL_SLURM.exists() or os.geteuid() != 0:
         pytest.skip(f"needs root and {LOCAL_SLURM} to start a local Slurm")
     subprocess.run(["bash", str(LOCAL_SLURM)], check=True, timeout=600)
-    assert shutil.which("srun"), "local_slurm.sh did not install srun"
-    partition = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True).stdout.split()[0]
+    try:
+        assert shutil.which("srun"), "local_slurm.sh did not install srun"
+        yield subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True).stdout.split()[0]
+    finally:
+        subprocess.run(["bash", str(LOCAL_SLURM), "stop"], capture_output=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_run_slurm_reaches_195_under_a_real_slurm(tmp_path, partition):
     run_dir = tmp_path / "run"
     env = dict(os.environ, RUN_DIR=str(run_dir), PYTHON=str(REPO_ROOT / ".venv" / "bin" / "python"))
     done = subprocess.run(
@@ -34,21 +43,21 @@ def test_run_slurm_reaches_195_under_a_real_slurm(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     with open(run_dir / "eval.csv", newline="") as f:
         assert float(list(csv.DictReader(f))[-1]["mean_reward"]) >= 195.0
-    queue = subprocess.run(["squeue", "-h", "-n", "nervex-coordinator"], capture_output=True, text=True).stdout
-    assert not queue.strip(), f"the coordinator step outlived the run: {queue}"
+    queue = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True).stdout
+    assert "nervex-" not in queue, f"a step outlived the run: {queue}"
+    coordinator_log = (run_dir / "logs" / "coordinator.log").read_text()
+    assert "the run finished and its workers saw the stop; stopping" in coordinator_log  # it ended on its own
+    for stderr in (run_dir / "logs").glob("*.stderr"):
+        assert "CANCELLED" not in stderr.read_text(), stderr.name
 
 
 @pytest.mark.slow
-def test_a_killed_learner_rank_is_started_again_by_run_slurm_and_resumes(tmp_path):
+def test_a_killed_learner_rank_is_started_again_by_run_slurm_and_resumes(tmp_path, partition):
     """kill -9 the learner rank under Slurm: ``--kill-on-bad-exit`` ends the step with an error, run_slurm.sh starts
     the step again, and the new rank resumes from the newest checkpoint and reaches 195. The league manager is killed
     too, and started again the same way."""
     import yaml
 
-    if not LOCAL_SLURM.exists() or os.geteuid() != 0:
-        pytest.skip(f"needs root and {LOCAL_SLURM} to start a local Slurm")
-    subprocess.run(["bash", str(LOCAL_SLURM)], check=True, timeout=600)
-    partition = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True).stdout.split()[0]
     with open(RUN_SLURM.parent / "cartpole_dqn_dist.yaml", encoding="utf-8") as f:
         cfg = yaml.safe_load(f)
     cfg["evaluator"]["eval_freq"] = 4000  # not at 195 before the kill

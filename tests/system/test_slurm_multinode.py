@@ -7,11 +7,14 @@ cluster is stopped at the end.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
+import sqlite3
 import subprocess
+import time
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 import pytest
 import yaml
@@ -46,8 +49,13 @@ def node_processes(run_dir: Path) -> List[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_run_slurm_on_three_nodes_with_two_learner_ranks(cluster, tmp_path):
     cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    # a run long enough to see the evaluation schedule and the replay ratio: it ends at max_env_step, not at the
+    # first evaluation over 195 (which this config often reaches at 1024 env steps)
+    cfg["max_env_step"] = 20000
+    cfg["evaluator"]["stop_val"] = 10**9
     config = tmp_path / "dqn.yaml"
     config.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     run_dir = tmp_path / "run"
@@ -61,12 +69,12 @@ def test_run_slurm_on_three_nodes_with_two_learner_ranks(cluster, tmp_path):
 
     with open(run_dir / "eval.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert float(rows[-1]["mean_reward"]) >= 195.0
+    assert max(float(row["mean_reward"]) for row in rows) >= 195.0  # the target reached
     # evaluations fall every eval_freq env steps (the learner keeps up: no doubling gaps)
     steps = [int(row["env_step"]) for row in rows]
     gaps = [b - a for a, b in zip(steps, steps[1:])]
     eval_freq = int(cfg["evaluator"]["eval_freq"])
-    assert max(gaps) < 3 * eval_freq, steps
+    assert len(rows) >= 10 and max(gaps) < 2 * eval_freq, steps
 
     # the coordinator bound its own node's address and stopped cleanly, on its own
     coordinator_log = (logs / "coordinator.log").read_text()
@@ -94,6 +102,105 @@ def test_run_slurm_on_three_nodes_with_two_learner_ranks(cluster, tmp_path):
     owed = (env_step - learn["learning_starts"] + 8) * learn["update_per_collect"] / 8
     assert abs(train_iter - owed) <= 0.05 * owed + 64, (env_step, train_iter, owed)
 
-    queue = subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout
-    assert not queue.strip(), queue
+    queue = local_slurm("exec", "nvx1", "squeue", "-h", timeout=60)  # slurmctld answers on the cluster's network
+    assert queue.returncode == 0 and not queue.stdout.strip(), (queue.stdout, queue.stderr)
+    assert node_processes(run_dir) == []
+
+
+def _start_run(tmp_path: Path, cfg: dict) -> Tuple[subprocess.Popen, Path]:
+    config = tmp_path / "dqn.yaml"
+    config.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    command = (
+        f"cd {REPO_ROOT} && RUN_DIR={run_dir} NODES=3 PYTHON={REPO_ROOT / '.venv' / 'bin' / 'python'} "
+        f"bash {RUN_SLURM} debug {config}"
+    )
+    script = subprocess.Popen(
+        ["bash", str(LOCAL_SLURM), "exec", "nvx1", "bash", "-c", command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return script, run_dir
+
+
+def _holds_lease(run_dir: Path, node: str) -> bool:
+    """Whether a worker of ``node`` holds an active lease now (read-only look at the coordinator's table)."""
+    try:
+        db = sqlite3.connect(f"file:{run_dir / 'coordinator.sqlite'}?mode=ro", uri=True, timeout=5)
+        try:
+            query = "SELECT COUNT(*) FROM leases WHERE state='active' AND worker_id LIKE ?"
+            return db.execute(query, (f"%-{node}-%",)).fetchone()[0] > 0
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return False
+
+
+def _eval_rows(run_dir: Path) -> List[dict]:
+    try:
+        with open(run_dir / "eval.csv", newline="") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_an_actor_node_cut_off_past_its_leases_loses_them_and_the_run_counts_everything_once(cluster, tmp_path):
+    """nvx3 (a manager and its actor) is cut off the network for 2.5 lease times mid-run, then healed: its leases
+    run out, its tasks run elsewhere, its late results are dropped, and at the end every task was done by one lease,
+    every accepted samples file is distinct and was read by the learner once, and the env steps only grew."""
+    cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    cfg["max_env_step"] = 40000
+    cfg["evaluator"]["stop_val"] = 10**9
+    # long tasks: a node cut while it holds a lease (waited for below) keeps it past lease_s
+    cfg["system"]["coordinator"].update(n_sample=2048)
+    lease_s = float(cfg["system"]["coordinator"]["lease_s"])
+    script, run_dir = _start_run(tmp_path, cfg)
+    try:
+        deadline = time.monotonic() + 300
+        while len(_eval_rows(run_dir)) < 3 or not _holds_lease(run_dir, "nvx3"):
+            assert script.poll() is None and time.monotonic() < deadline, "the run did not get going"
+            time.sleep(0.2)
+        assert local_slurm("cut", "nvx3", timeout=60).returncode == 0
+        time.sleep(2.5 * lease_s)
+        assert local_slurm("heal", "nvx3", timeout=60).returncode == 0
+        _, stderr = script.communicate(timeout=900)
+    finally:
+        if script.poll() is None:
+            script.terminate()
+            script.wait(timeout=60)
+        local_slurm("heal", "nvx3", timeout=60)
+    assert script.returncode == 0, stderr[-3000:]
+
+    db = sqlite3.connect(f"file:{run_dir / 'coordinator.sqlite'}?mode=ro", uri=True)
+    expired = db.execute("SELECT COUNT(*) FROM leases WHERE state='expired' AND worker_id LIKE '%nvx3%'").fetchone()
+    assert expired[0] >= 1, "the cut lost nvx3 no lease"
+    twice = db.execute(
+        "SELECT task_id FROM leases WHERE state='completed' GROUP BY task_id HAVING COUNT(*) > 1"
+    ).fetchall()
+    assert twice == [], twice
+    done = db.execute("SELECT seq, result FROM tasks WHERE state='done' ORDER BY seq").fetchall()
+    names = [json.loads(row[1])["data"] for row in done]
+    assert len(names) == len(set(names)), "a samples file accepted twice"
+    db.close()
+    # the learner's cursor at its last checkpoint (written when it stopped): every accepted result up to it was read
+    import torch
+
+    newest = max((run_dir / "ckpt").glob("iteration_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    cursor = int(torch.load(newest, weights_only=True)["system"]["seq"])
+    read = [name for (seq, _), name in zip(done, names) if seq <= cursor]
+
+    learner_log = (run_dir / "logs" / "learner-0.log").read_text()
+    data = re.findall(
+        r"learner stopped .* data: results=(\d+) dropped_stale=(\d+) missing=(\d+) bad_data=(\d+)", learner_log
+    )
+    assert data, learner_log[-2000:]
+    results, stale, missing, bad = map(int, data[-1])
+    assert (results, stale, missing, bad) == (len(read), 0, 0, 0), (data[-1], len(read), len(names))
+    steps = [int(row["env_step"]) for row in _eval_rows(run_dir)]
+    assert steps == sorted(set(steps)), steps
+    coordinator_log = (run_dir / "logs" / "coordinator.log").read_text()
+    assert "re-queued" in coordinator_log and "coordinator stopped" in coordinator_log
     assert node_processes(run_dir) == []

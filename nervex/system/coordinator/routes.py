@@ -62,7 +62,19 @@ class CoordinatorRoutes:
             STATUS_PATH: self.status,
             LEAGUE_UPDATE_PATH: self.league,
         }
-        return {path: disk_full_as_507(handler) for path, handler in handlers.items()}
+        return {path: disk_full_as_507(self._noting_stop(handler)) for path, handler in handlers.items()}
+
+    def _noting_stop(self, handler: Handler) -> Handler:
+        """The handler, recording each worker that is answered "stop" (``CoordinatorState.told_stop``: a finished run
+        is served until every live worker has been told)."""
+
+        def noting(body: Any) -> Dict[str, Any]:
+            answer = handler(body)
+            if answer.get("stop") and isinstance(body, dict) and isinstance(body.get("worker_id"), str):
+                self.state.told_stop.add(body["worker_id"])
+            return answer
+
+        return noting
 
     def register(self, body: Any) -> Dict[str, Any]:
         """``/v1/register``: a role with the same protocol and config hash registers (again) under its id."""

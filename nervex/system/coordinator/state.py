@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
@@ -94,6 +94,9 @@ class CoordinatorState:
         self.hard_queued_results = int(self.settings.hard_queued_results or 2 * self.settings.max_queued_results)
         self.lock = threading.RLock()
         """Completions, leases, ingestion and task creation, one at a time."""
+        self.told_stop: Set[str] = set()
+        """Workers answered "stop" since this process started (how ``coordinator_start --exit-when-finished`` knows
+        the finished run's stop has reached them)."""
         self._roles: Dict[str, str] = {w["worker_id"]: w["role"] for w in table.workers()}
         self._last_lease: Dict[str, Tuple[str, str, str]] = {}  # worker id -> (request id, task id, lease id)
         self._last_sweep = time.monotonic()
