@@ -42,30 +42,67 @@ def cluster() -> Iterator[None]:
         local_slurm("stop", timeout=120)
 
 
+def long_run(max_env_step: int) -> dict:
+    """cartpole_dqn_dist.yaml run to ``max_env_step`` (not stopped by the first evaluation over 195, which this
+    config often reaches at 1024 env steps): long enough to see the schedule, the replay ratio, a partition."""
+    cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    cfg["max_env_step"] = max_env_step
+    cfg["evaluator"]["stop_val"] = 10**9
+    return cfg
+
+
+def counted_once(run_dir: Path) -> List[Tuple[int, str]]:
+    """``(seq, samples file)`` of every accepted result, after checking that no task was completed by two leases
+    and no file was accepted twice."""
+    db = sqlite3.connect(f"file:{run_dir / 'coordinator.sqlite'}?mode=ro", uri=True)
+    try:
+        twice = db.execute("SELECT task_id FROM leases WHERE state='completed' GROUP BY task_id HAVING COUNT(*) > 1")
+        assert twice.fetchall() == [], "a task completed twice"
+        done = db.execute("SELECT seq, result FROM tasks WHERE state='done' ORDER BY seq").fetchall()
+    finally:
+        db.close()
+    accepted = [(int(seq), json.loads(result)["data"]) for seq, result in done]
+    assert len({name for _, name in accepted}) == len(accepted), "a samples file accepted twice"
+    return accepted
+
+
 def node_processes(run_dir: Path) -> List[str]:
     """The nervex processes of this run on any node (the nodes share the process table: one check sees all)."""
     out = subprocess.run(["pgrep", "-af", f"nervex.system.*{run_dir}"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_run_slurm_on_three_nodes_with_two_learner_ranks(cluster, tmp_path):
-    cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    # a run long enough to see the evaluation schedule and the replay ratio: it ends at max_env_step, not at the
-    # first evaluation over 195 (which this config often reaches at 1024 env steps)
-    cfg["max_env_step"] = 20000
-    cfg["evaluator"]["stop_val"] = 10**9
+def _start_run(tmp_path: Path, cfg: dict, learners: int = 1) -> Tuple[subprocess.Popen, Path]:
+    """``run_slurm.sh`` started from nvx1 as a user would (``NODES=3``, nothing else set), in the background."""
     config = tmp_path / "dqn.yaml"
     config.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     run_dir = tmp_path / "run"
     command = (
-        f"cd {REPO_ROOT} && RUN_DIR={run_dir} NODES=3 LEARNERS=2 PYTHON={REPO_ROOT / '.venv' / 'bin' / 'python'} "
+        f"cd {REPO_ROOT} && RUN_DIR={run_dir} NODES=3 LEARNERS={learners} PYTHON={REPO_ROOT / '.venv' / 'bin' / 'python'} "
         f"bash {RUN_SLURM} debug {config}"
     )
-    done = local_slurm("exec", "nvx1", "bash", "-c", command, timeout=900)
+    script = subprocess.Popen(
+        ["bash", str(LOCAL_SLURM), "exec", "nvx1", "bash", "-c", command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return script, run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_run_slurm_on_three_nodes_with_two_learner_ranks(cluster, tmp_path):
+    cfg = long_run(20000)
+    script, run_dir = _start_run(tmp_path, cfg, learners=2)
+    try:
+        _, stderr = script.communicate(timeout=900)
+    finally:
+        if script.poll() is None:
+            script.terminate()
+            script.wait(timeout=60)
     logs = run_dir / "logs"
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert script.returncode == 0, stderr[-3000:]
 
     with open(run_dir / "eval.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -90,7 +127,7 @@ def test_run_slurm_on_three_nodes_with_two_learner_ranks(cluster, tmp_path):
     # managers on all three nodes
     managers = "".join(path.read_text() for path in logs.glob("manager*.log"))
     for node in NODES:
-        assert node in managers or node in done.stderr, f"no manager on {node}"
+        assert node in managers, f"no manager on {node}"
 
     # two ranks kept the serial replay ratio: update_per_collect gradient steps per n_sample env steps past
     # learning_starts (within 5%)
@@ -105,23 +142,6 @@ def test_run_slurm_on_three_nodes_with_two_learner_ranks(cluster, tmp_path):
     queue = local_slurm("exec", "nvx1", "squeue", "-h", timeout=60)  # slurmctld answers on the cluster's network
     assert queue.returncode == 0 and not queue.stdout.strip(), (queue.stdout, queue.stderr)
     assert node_processes(run_dir) == []
-
-
-def _start_run(tmp_path: Path, cfg: dict) -> Tuple[subprocess.Popen, Path]:
-    config = tmp_path / "dqn.yaml"
-    config.write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    run_dir = tmp_path / "run"
-    command = (
-        f"cd {REPO_ROOT} && RUN_DIR={run_dir} NODES=3 PYTHON={REPO_ROOT / '.venv' / 'bin' / 'python'} "
-        f"bash {RUN_SLURM} debug {config}"
-    )
-    script = subprocess.Popen(
-        ["bash", str(LOCAL_SLURM), "exec", "nvx1", "bash", "-c", command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    return script, run_dir
 
 
 def _holds_lease(run_dir: Path, node: str) -> bool:
@@ -151,9 +171,7 @@ def test_an_actor_node_cut_off_past_its_leases_loses_them_and_the_run_counts_eve
     """nvx3 (a manager and its actor) is cut off the network for 2.5 lease times mid-run, then healed: its leases
     run out, its tasks run elsewhere, its late results are dropped, and at the end every task was done by one lease,
     every accepted samples file is distinct and was read by the learner once, and the env steps only grew."""
-    cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    cfg["max_env_step"] = 40000
-    cfg["evaluator"]["stop_val"] = 10**9
+    cfg = long_run(40000)
     # long tasks: a node cut while it holds a lease (waited for below) keeps it past lease_s
     cfg["system"]["coordinator"].update(n_sample=2048)
     lease_s = float(cfg["system"]["coordinator"]["lease_s"])
@@ -176,21 +194,15 @@ def test_an_actor_node_cut_off_past_its_leases_loses_them_and_the_run_counts_eve
 
     db = sqlite3.connect(f"file:{run_dir / 'coordinator.sqlite'}?mode=ro", uri=True)
     expired = db.execute("SELECT COUNT(*) FROM leases WHERE state='expired' AND worker_id LIKE '%nvx3%'").fetchone()
-    assert expired[0] >= 1, "the cut lost nvx3 no lease"
-    twice = db.execute(
-        "SELECT task_id FROM leases WHERE state='completed' GROUP BY task_id HAVING COUNT(*) > 1"
-    ).fetchall()
-    assert twice == [], twice
-    done = db.execute("SELECT seq, result FROM tasks WHERE state='done' ORDER BY seq").fetchall()
-    names = [json.loads(row[1])["data"] for row in done]
-    assert len(names) == len(set(names)), "a samples file accepted twice"
     db.close()
+    assert expired[0] >= 1, "the cut lost nvx3 no lease"
+    accepted = counted_once(run_dir)
     # the learner's cursor at its last checkpoint (written when it stopped): every accepted result up to it was read
     import torch
 
     newest = max((run_dir / "ckpt").glob("iteration_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
     cursor = int(torch.load(newest, weights_only=True)["system"]["seq"])
-    read = [name for (seq, _), name in zip(done, names) if seq <= cursor]
+    read = [name for seq, name in accepted if seq <= cursor]
 
     learner_log = (run_dir / "logs" / "learner-0.log").read_text()
     data = re.findall(
@@ -198,9 +210,60 @@ def test_an_actor_node_cut_off_past_its_leases_loses_them_and_the_run_counts_eve
     )
     assert data, learner_log[-2000:]
     results, stale, missing, bad = map(int, data[-1])
-    assert (results, stale, missing, bad) == (len(read), 0, 0, 0), (data[-1], len(read), len(names))
+    assert (results, stale, missing, bad) == (len(read), 0, 0, 0), (data[-1], len(read), len(accepted))
     steps = [int(row["env_step"]) for row in _eval_rows(run_dir)]
     assert steps == sorted(set(steps)), steps
     coordinator_log = (run_dir / "logs" / "coordinator.log").read_text()
     assert "re-queued" in coordinator_log and "coordinator stopped" in coordinator_log
+    assert node_processes(run_dir) == []
+
+
+def _coordinator_node(run_dir: Path, deadline_s: float = 120.0) -> str:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            found = re.search(
+                r"binding this node's address \S+ \((nvx\d)\)", (run_dir / "logs" / "coordinator.log").read_text()
+            )
+        except FileNotFoundError:
+            found = None
+        if found:
+            return found.group(1)
+        time.sleep(0.5)
+    raise AssertionError("the coordinator never logged its node")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_the_coordinators_node_cut_off_for_30_s_and_healed_the_roles_retry_and_the_run_goes_on(cluster, tmp_path):
+    cfg = long_run(30000)
+    script, run_dir = _start_run(tmp_path, cfg)
+    try:
+        node = _coordinator_node(run_dir)
+        deadline = time.monotonic() + 300
+        while len(_eval_rows(run_dir)) < 3:
+            assert script.poll() is None and time.monotonic() < deadline, "the run did not get going"
+            time.sleep(0.5)
+        before = len(_eval_rows(run_dir))
+        assert local_slurm("cut", node, timeout=60).returncode == 0
+        time.sleep(30.0)
+        assert local_slurm("heal", node, timeout=60).returncode == 0
+        _, stderr = script.communicate(timeout=900)
+    finally:
+        if script.poll() is None:
+            script.terminate()
+            script.wait(timeout=60)
+        local_slurm("heal", "nvx1", timeout=60)
+        local_slurm("heal", "nvx2", timeout=60)
+        local_slurm("heal", "nvx3", timeout=60)
+    assert script.returncode == 0, stderr[-3000:]
+    rows = _eval_rows(run_dir)
+    assert len(rows) > before + 3 and int(rows[-1]["env_step"]) >= 30000 - 2048  # it went on to the end after the heal
+    steps = [int(row["env_step"]) for row in rows]
+    assert steps == sorted(set(steps)), steps
+    logs = run_dir / "logs"
+    retried = "".join(path.read_text() for path in logs.glob("*.log") if path.name != "coordinator.log")
+    assert "retrying" in retried, "no role noticed the cut"
+    counted_once(run_dir)
+    assert "coordinator stopped" in (logs / "coordinator.log").read_text()
     assert node_processes(run_dir) == []

@@ -395,10 +395,6 @@ class TaskTable:
         Raises:
             ProtocolError: 400 unknown state or kind.
         """
-        if state is not None and state not in TASK_STATES:
-            raise ProtocolError(400, f"unknown task state {state!r}; expected one of {TASK_STATES}", field="state")
-        if kind is not None:
-            check_kind(kind)
         where, params = _task_filter(state, kind)
         rows = self._query(f"SELECT * FROM tasks{where} ORDER BY num", params)
         return [task_record(row) for row in rows]
@@ -409,10 +405,6 @@ class TaskTable:
         Raises:
             ProtocolError: 400 unknown state or kind.
         """
-        if state is not None and state not in TASK_STATES:
-            raise ProtocolError(400, f"unknown task state {state!r}; expected one of {TASK_STATES}", field="state")
-        if kind is not None:
-            check_kind(kind)
         where, params = _task_filter(state, kind)
         return int(self._query(f"SELECT COUNT(*) FROM tasks{where}", params)[0][0])
 
@@ -503,7 +495,15 @@ class TaskTable:
 
 
 def _task_filter(state: Optional[str], kind: Optional[str]) -> Tuple[str, Tuple[str, ...]]:
-    """A ``WHERE`` on the given columns only (a ``?1 IS NULL OR ...`` form would keep SQLite from its indexes)."""
+    """A ``WHERE`` on the given columns only (a ``?1 IS NULL OR ...`` form would keep SQLite from its indexes).
+
+    Raises:
+        ProtocolError: 400 unknown state or kind.
+    """
+    if state is not None and state not in TASK_STATES:
+        raise ProtocolError(400, f"unknown task state {state!r}; expected one of {TASK_STATES}", field="state")
+    if kind is not None:
+        check_kind(kind)
     terms = [(column, value) for column, value in (("kind", kind), ("state", state)) if value is not None]
     if not terms:
         return "", ()

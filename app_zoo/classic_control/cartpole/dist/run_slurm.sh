@@ -8,7 +8,9 @@
 # files must be on node-local disk, see docs/parallel.md), LEARNER_RESTARTS (default 3: a learner step that fails, e.g.
 # a rank killed, is started again and resumes from its newest checkpoint, at most this many times), LEAGUE_RESTARTS
 # (default 3: the same for the league manager step; its league lives in the coordinator's SQLite, and while it is down
-# the coordinator names the learner's newest snapshot in each task).
+# the coordinator names the learner's newest snapshot in each task), MANAGER_RESTARTS (default 5: the managers' step,
+# which Slurm cancels when a node of it is cut off, started again with growing waits), COORDINATOR_RESTARTS (default
+# 5: the same for the coordinator's step).
 set -euo pipefail
 PARTITION="${1:?usage: run_slurm.sh PARTITION [CONFIG]}"
 cd "$(dirname "$0")/../../../.."
@@ -53,7 +55,7 @@ trap stop_all EXIT
 trap 'INTERRUPTED=1; exit 130' INT TERM
 
 # keep_running RESTARTS NAME LOG COMMAND...: run COMMAND (output appended to LOG), and again when it fails, at most
-# RESTARTS more times; SIGTERM stops the command (srun forwards it to the step's tasks) and the loop
+# RESTARTS more times, waiting 2, 4, 8, 16, then 30 s; SIGTERM stops the command and the loop
 keep_running() {
   local restarts=$1 name=$2 log=$3 attempt=0 status child=""
   shift 3
@@ -67,20 +69,26 @@ keep_running() {
     echo "run_slurm.sh: the $name step exited with status $status" >&2
     [ "$attempt" -ge "$restarts" ] && return "$status"
     attempt=$((attempt + 1))
-    echo "run_slurm.sh: starting the $name step again ($attempt of $restarts)" >&2
-    sleep 2
+    local wait_s=$((1 << attempt)); [ "$wait_s" -gt 30 ] && wait_s=30  # 2, 4, 8, 16, 30 s: outlasts a partition
+    echo "run_slurm.sh: starting the $name step again ($attempt of $restarts) in $wait_s s" >&2
+    sleep "$wait_s"
   done
 }
 
-srun -p "$PARTITION" --job-name="nervex-coordinator-$TAG" -N1 -n1 \
-  "$PY" -u -m nervex.system.coordinator_start "${ARGS[@]}" --host "$COORD_HOST" --exit-when-finished \
-  >>"$RUN_DIR/logs/coordinator.stderr" 2>&1 &
+# the coordinator resumes from its SQLite files when started again (on whichever node: the roles read its new
+# address from $RUN_DIR/coordinator.url)
+keep_running "${COORDINATOR_RESTARTS:-5}" "coordinator" "$RUN_DIR/logs/coordinator.stderr" \
+  srun -p "$PARTITION" --job-name="nervex-coordinator-$TAG" -N1 -n1 \
+  "$PY" -u -m nervex.system.coordinator_start "${ARGS[@]}" --host "$COORD_HOST" --exit-when-finished &
 pids+=($!)
 keep_running "${LEAGUE_RESTARTS:-3}" "league manager" "$RUN_DIR/logs/league_manager.stderr" \
   srun -p "$PARTITION" --job-name="nervex-league-$TAG" -N1 -n1 "$PY" -u -m nervex.system.league_manager_start "${ARGS[@]}" &
 pids+=($!)
-srun -p "$PARTITION" --job-name="nervex-manager-$TAG" -N"$NODES" --ntasks-per-node=1 \
-  "$PY" -u -m nervex.system.manager_start "${ARGS[@]}" "${ACTOR_ARGS[@]}" >>"$RUN_DIR/logs/manager.stderr" 2>&1 &
+# a step over several nodes is cancelled by Slurm when one of them stops answering slurmctld (a partition: "NODE
+# FAILURE"); it is started again once the nodes are back, and its actors register anew
+keep_running "${MANAGER_RESTARTS:-5}" "manager" "$RUN_DIR/logs/manager.stderr" \
+  srun -p "$PARTITION" --job-name="nervex-manager-$TAG" -N"$NODES" --ntasks-per-node=1 \
+  "$PY" -u -m nervex.system.manager_start "${ARGS[@]}" "${ACTOR_ARGS[@]}" &
 pids+=($!)
 # the learner ranks as one step: a rank that fails ends the step (the others would wait on it until the
 # process-group timeout); ranks come from SLURM_PROCID / SLURM_NTASKS, never SLURM_LOCALID. A failed step is started
@@ -101,7 +109,8 @@ while :; do
   fi
   attempt=$((attempt + 1))
   echo "run_slurm.sh: starting the learner step again from its newest checkpoint ($attempt of $LEARNER_RESTARTS)" >&2
-  sleep 2
+  wait_s=$((1 << attempt)); [ "$wait_s" -gt 30 ] && wait_s=30
+  sleep "$wait_s"
 done
 [ -f "$RUN_DIR/eval.csv" ] && tail -n 1 "$RUN_DIR/eval.csv" >&2
 exit "$status"
