@@ -66,6 +66,13 @@ def counted_once(run_dir: Path) -> List[Tuple[int, str]]:
     return accepted
 
 
+def slurm_jobs() -> set:
+    """The ids of the jobs slurmctld knows (asked on the cluster's network, where it answers)."""
+    queue = local_slurm("exec", "nvx1", "squeue", "-h", "-o", "%i %j", timeout=60)
+    assert queue.returncode == 0, queue.stderr
+    return {line.split()[0] for line in queue.stdout.splitlines() if line.strip()}
+
+
 def node_processes(run_dir: Path) -> List[str]:
     """The nervex processes of this run on any node (the nodes share the process table: one check sees all)."""
     out = subprocess.run(["pgrep", "-af", f"nervex.system.*{run_dir}"], capture_output=True, text=True).stdout
@@ -94,6 +101,7 @@ def _start_run(tmp_path: Path, cfg: dict, learners: int = 1) -> Tuple[subprocess
 @pytest.mark.timeout(1200)
 def test_run_slurm_on_three_nodes_with_two_learner_ranks(cluster, tmp_path):
     cfg = long_run(20000)
+    earlier = slurm_jobs()  # jobs another run left in slurmctld's saved state are not this run's
     script, run_dir = _start_run(tmp_path, cfg, learners=2)
     try:
         _, stderr = script.communicate(timeout=900)
@@ -139,8 +147,7 @@ def test_run_slurm_on_three_nodes_with_two_learner_ranks(cluster, tmp_path):
     owed = (env_step - learn["learning_starts"] + 8) * learn["update_per_collect"] / 8
     assert abs(train_iter - owed) <= 0.05 * owed + 64, (env_step, train_iter, owed)
 
-    queue = local_slurm("exec", "nvx1", "squeue", "-h", timeout=60)  # slurmctld answers on the cluster's network
-    assert queue.returncode == 0 and not queue.stdout.strip(), (queue.stdout, queue.stderr)
+    assert slurm_jobs() - earlier == set(), "a step of the run outlived it"
     assert node_processes(run_dir) == []
 
 
