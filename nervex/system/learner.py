@@ -442,6 +442,9 @@ class LearnerRole:
             )
         path, state = loaded
         self._apply_checkpoint(state)
+        if not self._weights_finite():  # a checkpoint an older version wrote: rolling back again would loop
+            self._failed = True
+            raise RuntimeError(f"the learner's weights are not finite, nor are those of its newest checkpoint {path}")
         self.logger.error(
             "the weights turned non-finite at train_iter %d: rolled back to %s (rollback %d)",
             self.train_iter,

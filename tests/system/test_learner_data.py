@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from nervex.policy import CollectSpec, LearnSpec
@@ -12,6 +15,7 @@ from nervex.system.comm.storage import Storage
 from nervex.system.learner_data import DataIntake
 
 MISSING = "samples/" + "0" * 64 + ".safetensors"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_intake(tmp_path, learning_starts: int = 0, update_per_collect: int = 1) -> DataIntake:
@@ -68,3 +72,43 @@ def test_the_result_crossing_learning_starts_earns_what_serial_mode_would_train(
     intake.loop.env_step = env_step_after
     assert intake._credited_steps(env_steps) == credited
     assert intake.ratio == 4 / 8
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        "classic_control/cartpole/config/cartpole_dqn.yaml",
+        "classic_control/pendulum/config/pendulum_sac.yaml",
+        "classic_control/pendulum/config/pendulum_ppo.yaml",
+        "games/tictactoe/config/tictactoe_dqn.yaml",
+        "multiagent/two_step/config/two_step_qmix.yaml",
+        "multiagent/mpe/config/simple_spread5_ddpg.yaml",
+    ],
+)
+def test_the_sample_check_passes_what_real_actors_collect(config):
+    """No false alarm: samples the serial actor really collects (single agent, continuous and discrete, a game with
+    masks, joint multi-agent sequences, independent learners over agents) fit the env's declared spaces. A check that
+    refused these would stall a parallel run without an error."""
+    from nervex.config import read_config
+    from nervex.entry import compile_config
+    from nervex.entry.builder import make_actor, make_env_managers, make_policy
+    from nervex.system.learner_data import SampleCheck
+
+    cfg = compile_config(read_config(str(REPO_ROOT / "app_zoo" / config)))
+    cfg.env.collector_env_num = min(2, int(cfg.env.collector_env_num))
+    collector, evaluator, info = make_env_managers(cfg, 0)
+    try:
+        policy = make_policy(cfg, info)
+        actor = make_actor(cfg, collector, policy, 0)
+        spec = type(policy).contract(policy.cfg).collect
+        n = spec.n if spec.unit != "sample" else max(64, spec.n)
+        samples = [s for _ in range(2) for s in actor.collect(CollectSpec(spec.unit, n, False))]
+        assert samples
+        assert SampleCheck(info.obs_space, info.act_space, info.agent_num).problem(samples) is None
+        broken = [dict(sample) for sample in samples]
+        broken[0]["action"] = np.full_like(np.asarray(broken[0]["action"]), 10**6)  # no env here has that action
+        if not isinstance(info.act_space, gym.spaces.Box):
+            assert "field 'action'" in SampleCheck(info.obs_space, info.act_space, info.agent_num).problem(broken)
+    finally:
+        collector.close()
+        evaluator.close()
