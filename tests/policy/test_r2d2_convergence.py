@@ -11,6 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CARTPOLE_R2D2 = os.path.join(ROOT, "app_zoo/classic_control/cartpole/config/cartpole_r2d2.yaml")
 
 
+@pytest.mark.slow  # a convergence run (27 s): bench/zoo.py and the slow suite run it
 def test_r2d2_reaches_150_on_masked_cartpole(tmp_path, one_thread):
     """The shipped config, without the velocities, reaches an evaluation mean of 150 within 16k env steps (~25 s)."""
     cfg = read_config(CARTPOLE_R2D2)

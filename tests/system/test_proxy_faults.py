@@ -160,6 +160,7 @@ def test_workers_behind_a_delaying_dropping_resetting_proxy_lose_and_duplicate_n
     no_role_left(run_dir)
 
 
+@pytest.mark.slow  # 37 s; the three-node partition tests (slow) cover a longer outage through the real network
 def test_an_outage_longer_than_one_call_is_survived(tmp_path):
     """The proxy forwards nothing for 13 s: the calls in flight give up (one call's deadline is 10 s) and are sent
     again, nothing is accepted meanwhile, and once the proxy forwards again the actor and the learner go on."""
