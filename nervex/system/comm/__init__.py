@@ -1,7 +1,9 @@
 """The parallel mode's communication layer: authenticated JSON over HTTP, the bulk-data codec and the storage path.
 
 - ``auth``: the run's shared secret and the HMAC signature every request carries.
-- ``server``: ``Server`` (Flask routes served by waitress, signature and body caps checked before any handler).
+- ``server``: ``Server`` (Flask routes served by waitress, signature, body caps and JSON bounds checked before any
+  handler); ``connections``: its connection limits (per peer, in all, idle and request deadlines) and rate-limited
+  refusal logs.
 - ``client``: ``Client`` (signed requests with bounded, jittered retries under a deadline).
 - ``codec``, ``safetensors_header`` and ``schema``: arrays and state_dicts as safetensors, parsed and checked before
   use; never pickle. The codec (it imports torch) is imported on first use of its names here.

@@ -35,7 +35,8 @@ import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from nervex.system.comm.auth import load_or_create_token
-from nervex.system.comm.server import ConnectionLimits, Server
+from nervex.system.comm.connections import ConnectionLimits
+from nervex.system.comm.server import Server
 from nervex.system.comm.storage import Storage
 from nervex.system.coordinator.routes import CoordinatorRoutes
 from nervex.system.coordinator.run_state import RunState
