@@ -421,19 +421,19 @@ class LearnerRole:
     def _weights_finite(self) -> bool:
         """Whether every tensor the policy trains is finite (what a checkpoint or a snapshot would hold)."""
         state = self.policy.state_dict()
-        tensors = [t for t in _tensors(state.get("model", {}))] + [t for t in _tensors(state.get("extra", {}))]
+        tensors = _tensors(state.get("model", {})) + _tensors(state.get("extra", {}))
         return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
     def _roll_back(self) -> None:
         """Weights turned non-finite (data the checks let through, a diverging step): load the newest checkpoint
         (counters, cursor and weights), so the run goes on from there; with none, stop with a clear error."""
         self.rollbacks += 1
-        loaded = self.keeper.load_latest() if self.keeper is not None else None
-        if self.world_size > 1:
+        if self.world_size > 1:  # every rank holds the same weights, so every rank raises here
             raise RuntimeError(
                 "the learner's weights are not finite; with several ranks the step is restarted from the newest "
                 "checkpoint (restart the learner step)"
             )
+        loaded = self.keeper.load_latest() if self.keeper is not None else None
         if loaded is None:
             self._failed = True
             raise RuntimeError(
