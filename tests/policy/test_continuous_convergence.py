@@ -11,6 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PENDULUM = os.path.join(ROOT, "app_zoo/classic_control/pendulum/config/pendulum_{}.yaml")
 
 
+@pytest.mark.slow  # a convergence run (19 s); bench/zoo.py and the slow suite run it
 def test_sac_pendulum_reaches_minus_400_quickly(tmp_path, one_thread):
     """The shipped SAC config ([64, 64] nets) with batch 64 and tau 0.02: -400 within 5000 env steps (seed 0 gets there
     at ~4000; ~25 s on one busy core)."""

@@ -120,6 +120,7 @@ def test_unknown_policy_type_error():
         create_policy({"policy_type": "dqnn"})
 
 
+@pytest.mark.slow  # a convergence run (20 s); the tutorial policy and the parallel DQN still reach 195 by default
 def test_dqn_reaches_195_on_cartpole(tmp_path):
     """The shipped config solves CartPole-v1 (evaluation mean >= 195) within a fixed env-step budget."""
     cfg = read_config(CARTPOLE_DQN)
