@@ -51,6 +51,8 @@ from nervex.system.system_config import learning_starts, storage_root
 from nervex.worker.actor.seating import EpisodeResult
 
 MAX_IDLE_WAIT_S = 0.5
+MAX_HINTED_WAIT_S = 30.0
+"""The longest idle wait a coordinator's ``wait_s`` hint may ask for."""
 MAIN_PHASES = ("collect", "snapshot", "wait", "idle")
 """Where the actor's own thread spends its time: collecting, loading snapshots, waiting for the I/O thread, idle."""
 IO_PHASES = ("lease", "encode", "store", "complete")
@@ -232,7 +234,8 @@ class ActorRole:
                 self._preload_snapshot(answer)
                 start = time.perf_counter()
                 if done is None:  # (a collected task is reported at once: the rate limiter may wait for it)
-                    time.sleep(wait)
+                    # the coordinator's hint keeps all idle actors' polls together at idle_polls_per_s
+                    self._idle(max(wait, min(MAX_HINTED_WAIT_S, float(answer.get("wait_s") or 0.0))), stop)
                     self._timed("idle", start)
                     wait = min(MAX_IDLE_WAIT_S, wait * 2)
                 upcoming, done = io.submit(self._exchange, done), None
@@ -250,6 +253,15 @@ class ActorRole:
             self._exchange(done, lease_next=False)
 
     # ---- the steps of a task -------------------------------------------------------------------------------------
+    def _idle(self, seconds: float, stop: Optional[Any]) -> None:
+        """Sleep ``seconds``, waking within 0.1 s when the run stops."""
+        deadline = time.monotonic() + seconds
+        while not self.link.stopping.is_set() and not (stop is not None and stop.is_set()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.1))
+
     def _held_leases(self) -> List[str]:
         with self._lease_lock:
             return list(self._held)

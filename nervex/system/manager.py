@@ -7,6 +7,9 @@
 * **Supervision**: it starts ``system.manager.actors`` actor processes (``python -m nervex.system.actor_start``) and
   starts a dead one again (any exit before the run finished) after a backoff that doubles when it dies quickly, up to
   ``max_restarts`` per slot. A restarted actor registers under a new id: the leases of the dead one run out and are re-queued.
+* **Heartbeats**: its actors' ``/v1/heartbeat`` are answered at once and sent on together, one ``/v1/heartbeats``
+  every half heartbeat period (``nervex.system.heartbeat_batch``): the coordinator answers one request per node, not
+  one per actor.
 * It registers as a ``manager`` and heartbeats; when the coordinator says stop, or on SIGTERM/SIGINT, it stops its
   children (SIGTERM, then SIGKILL after a grace period) and exits.
 """
@@ -27,7 +30,8 @@ from nervex.system.comm.auth import load_or_create_token
 from nervex.system.comm.client import Client
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.server import Server
-from nervex.system.protocol import ROUTES
+from nervex.system.heartbeat_batch import HeartbeatBatch
+from nervex.system.protocol import HEARTBEAT_PATH, ROUTES
 from nervex.system.role import RoleLink
 
 RELAY_DEADLINE_S = 5.0
@@ -90,8 +94,11 @@ class ManagerRole:
         self.link = RoleLink(self.cfg, run_dir, "manager", worker_id, url=url, token=self._token, logger=self.logger)
         self._local = threading.local()
         self.server = Server("manager", self._token, host=host, port=0, logger=self.logger)
+        self.heartbeats = HeartbeatBatch(worker_id, self._post_batch, self.logger)
+        """Its actors' heartbeats, sent to the coordinator as one request every half heartbeat period."""
         for path in ROUTES:
-            self.server.route(path, ["POST"], self._relay_handler(path))
+            handler = self.heartbeats.beat if path == HEARTBEAT_PATH else self._relay_handler(path)
+            self.server.route(path, ["POST"], handler)
         self.slots = [_Slot(self.index * self.n_actors + i) for i in range(self.n_actors)]
         self.relayed = 0
 
@@ -103,16 +110,30 @@ class ManagerRole:
             self._local.client = client
         return client
 
+    def _post_upstream(self, path: str, body: Any) -> Dict[str, Any]:
+        try:
+            answer = self._upstream().post(path, body)
+        except ProtocolError as error:
+            if error.status in (502, 503, 504):
+                self.link._refresh_url()
+            raise
+        self.relayed += 1
+        return answer if isinstance(answer, dict) else {}
+
+    def _post_batch(self, path: str, body: Any) -> Dict[str, Any]:
+        """The heartbeat batch, sent as this manager (registering again if the coordinator lost it, as ``RoleLink``
+        does for its own calls)."""
+        try:
+            return self._post_upstream(path, body)
+        except ProtocolError as error:
+            if error.status != 404 or error.field != "worker_id":
+                raise
+            self.link.register()
+            return self._post_upstream(path, body)
+
     def _relay_handler(self, path: str) -> Any:
         def relay(body: Any) -> Dict[str, Any]:
-            try:
-                answer = self._upstream().post(path, body)
-            except ProtocolError as error:
-                if error.status in (502, 503, 504):
-                    self.link._refresh_url()
-                raise
-            self.relayed += 1
-            return answer if isinstance(answer, dict) else {}
+            return self._post_upstream(path, body)
 
         return relay
 
@@ -190,6 +211,7 @@ class ManagerRole:
                 self.link.stop_requested = stop.is_set
             self.link.register()
             self.link.start_heartbeat()
+            self.heartbeats.start(flush_s=self.link.heartbeat_s / 2)
             while not self.link.stopping.is_set() and not (stop is not None and stop.is_set()):
                 self.supervise()
                 time.sleep(0.2)
@@ -199,6 +221,7 @@ class ManagerRole:
                 time.sleep(0.1)
         finally:
             self.stop_children()
+            self.heartbeats.close()
             self.link.close()
             self.server.stop()
 

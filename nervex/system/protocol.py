@@ -32,6 +32,7 @@ ROLES = ("actor", "learner", "manager", "league_manager")
 
 REGISTER_PATH = "/v1/register"
 HEARTBEAT_PATH = "/v1/heartbeat"
+HEARTBEATS_PATH = "/v1/heartbeats"
 TASK_LEASE_PATH = "/v1/task/lease"
 TASK_COMPLETE_PATH = "/v1/task/complete"
 TASK_FAIL_PATH = "/v1/task/fail"
@@ -43,6 +44,7 @@ LEAGUE_UPDATE_PATH = "/v1/league/update"
 ROUTES = (
     REGISTER_PATH,
     HEARTBEAT_PATH,
+    HEARTBEATS_PATH,
     TASK_LEASE_PATH,
     TASK_COMPLETE_PATH,
     TASK_FAIL_PATH,
@@ -62,6 +64,8 @@ COORDINATOR_URL_FILE = "coordinator.url"
 """``<run_dir>/coordinator.url``: the coordinator's ``http://host:port``, written atomically once it listens."""
 MAX_POLL_LIMIT = 1000
 """The most items one ``/v1/data/poll`` returns."""
+MAX_BEATS = 4096
+"""The most workers' heartbeats one ``/v1/heartbeats`` carries (a manager batches its node's actors)."""
 
 _STORAGE_NAME = re.compile(rf"{KIND_PATTERN}/[0-9a-f]{{64}}{re.escape(SUFFIX)}")
 _TYPE_NAMES = {
@@ -237,6 +241,7 @@ __all__ = [
     "KEYED_PATHS",
     "REGISTER_PATH",
     "HEARTBEAT_PATH",
+    "HEARTBEATS_PATH",
     "TASK_LEASE_PATH",
     "TASK_COMPLETE_PATH",
     "TASK_FAIL_PATH",
@@ -246,6 +251,7 @@ __all__ = [
     "STATUS_PATH",
     "LEAGUE_UPDATE_PATH",
     "COORDINATOR_URL_FILE",
+    "MAX_BEATS",
     "MAX_POLL_LIMIT",
     "COLLECT_RESULT_FIELDS",
     "EPISODE_FIELDS",

@@ -5,6 +5,11 @@ node-local disk. They open it the same way, here:
 
 * WAL journal with ``synchronous=FULL``: a transaction is fsynced to the WAL before ``COMMIT`` returns, so what a caller
   acknowledged survives a ``kill -9`` and a power loss of its node (``NORMAL`` would survive the ``kill -9`` only);
+* or, with ``group_commit``, group commit: ``synchronous=NORMAL`` (``COMMIT`` writes the WAL, no fsync, so the lock is
+  held for microseconds, not for a disk flush) and ``sync()``, which a caller calls before it acknowledges anything:
+  one fsync of the WAL makes every transaction committed so far durable, and callers that arrive while one runs share
+  the next. The server answers only after ``sync()``, so what it acknowledged survives a power loss as with ``FULL``;
+  a flush serves every request that waited for it instead of one;
 * a busy timeout, for the readers of another process (``sqlite3`` on the command line while a run goes on);
 * one connection shared by the threads of the process, behind one re-entrant lock;
 * write transactions that take the write lock up front (``BEGIN IMMEDIATE``), so a read-then-update is atomic;
@@ -49,6 +54,8 @@ class Database:
         error: The exception raised when the file cannot be used (a subclass of ``DatabaseError`` or another
             ``Exception`` the caller's users already catch).
         owner: Who holds the file, for the message of a refused exclusive open (``'coordinator'``).
+        group_commit: ``synchronous=NORMAL`` and ``sync()`` flushes (see the module's text); False: every commit is
+            flushed before it returns and ``sync()`` does nothing.
 
     Raises:
         error: the file is held by another exclusive owner, or refuses WAL.
@@ -62,12 +69,18 @@ class Database:
         foreign_keys: bool = False,
         error: Type[Exception] = DatabaseError,
         owner: str = "process",
+        group_commit: bool = False,
     ) -> None:
         self.path = os.path.abspath(path)
         self.name = name
         self._error = error
         self.lock = threading.RLock()
         """Held by every call; hold it around several calls that must see one state."""
+        self.group_commit = bool(group_commit)
+        self._sync_lock = threading.Lock()  # one flush at a time; the callers behind it share the next
+        self._commits = 0  # write statements and transactions committed (under ``lock``)
+        self._synced = 0  # of those, the ones a flush has made durable
+        self._wal_fd: Optional[int] = None  # the WAL file, opened at the first flush
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._lock_fd: Optional[int] = _acquire_lock_file(self.path, name, owner, error) if exclusive else None
         self._conn: Optional[sqlite3.Connection] = None
@@ -84,7 +97,7 @@ class Database:
         if mode.lower() != "wal":
             conn.close()
             raise self._error(f"{self.name} {self.path!r} refused journal_mode=WAL (got {mode!r}); use local disk")
-        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA synchronous={'NORMAL' if self.group_commit else 'FULL'}")
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         if foreign_keys:
             conn.execute("PRAGMA foreign_keys=ON")
@@ -99,6 +112,9 @@ class Database:
             fd, self._lock_fd = self._lock_fd, None
             if fd is not None:
                 _release_lock_file(fd)
+            wal, self._wal_fd = self._wal_fd, None
+            if wal is not None:
+                os.close(wal)
 
     @property
     def closed(self) -> bool:
@@ -127,16 +143,49 @@ class Database:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            self._commits += 1
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> None:
-        """Run one statement in its own (autocommitted, fsynced) transaction."""
+        """Run one statement in its own (autocommitted) transaction."""
         with self.lock:
             self.connection().execute(sql, tuple(params))
+            self._commits += 1
 
     def script(self, sql: str) -> None:
         """Run several statements separated by ``;`` (a schema), each autocommitted."""
         with self.lock:
             self.connection().executescript(sql)
+            self._commits += 1
+
+    @property
+    def unsynced(self) -> int:
+        """Commits not yet made durable by ``sync`` (always 0 without ``group_commit``)."""
+        return self._commits - self._synced if self.group_commit else 0
+
+    def sync(self) -> None:
+        """With ``group_commit``: make every transaction committed so far durable (one fsync of the WAL, shared by
+        the callers that wait for it meanwhile); call it before acknowledging what they did. Without: nothing to do.
+
+        Raises:
+            OSError: the flush failed (the disk reported an error): nothing may be acknowledged.
+        """
+        if not self.group_commit or self._synced >= self._commits:
+            return
+        with self._sync_lock:
+            upto = self._commits  # every commit counted so far has written its WAL frames
+            if self._synced >= upto:
+                return  # the flush this caller waited behind covered it
+            self._flush_wal()
+            self._synced = upto
+
+    def _flush_wal(self) -> None:
+        if self._wal_fd is None:
+            try:  # SQLite keeps this file (truncating it in place) while its connection is open
+                self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
+            except FileNotFoundError:
+                return  # nothing written yet: nothing to flush
+            _fsync_directory(os.path.dirname(self.path))  # the WAL's directory entry must survive too
+        os.fsync(self._wal_fd)
 
     def query(self, sql: str, params: Iterable[Any] = ()) -> List[sqlite3.Row]:
         """Every row ``sql`` selects."""
@@ -153,6 +202,14 @@ class Database:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _acquire_lock_file(db_path: str, name: str, owner: str, error: Type[Exception]) -> int:

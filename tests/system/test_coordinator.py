@@ -481,6 +481,7 @@ def test_an_answer_without_a_task_names_the_snapshot_the_next_task_would_use(har
     first, second = h.lease("actor0"), h.lease("actor0")  # projected 0, 8 <= 8
     assert second is not None
     empty = h.post(TASK_LEASE_PATH, {"worker_id": "actor0", "kind": "collect"})
+    assert empty.pop("wait_s") >= 0
     assert empty == {"task": None, "stop": False, "snapshot": None, "policy_iter": 0}  # no snapshot yet
     snapshot = h.storage.put(b"weights", "snapshot")
     h.progress(sampled=0, snapshot=snapshot, policy_iter=12)

@@ -79,14 +79,15 @@ def node_processes(run_dir: Path) -> List[str]:
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
-def _start_run(tmp_path: Path, cfg: dict, learners: int = 1) -> Tuple[subprocess.Popen, Path]:
-    """``run_slurm.sh`` started from nvx1 as a user would (``NODES=3``, nothing else set), in the background."""
+def _start_run(tmp_path: Path, cfg: dict, learners: int = 1, env: str = "") -> Tuple[subprocess.Popen, Path]:
+    """``run_slurm.sh`` started from nvx1 as a user would (``NODES=3``, nothing else set but ``env``), in the
+    background."""
     config = tmp_path / "dqn.yaml"
     config.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     run_dir = tmp_path / "run"
     command = (
-        f"cd {REPO_ROOT} && RUN_DIR={run_dir} NODES=3 LEARNERS={learners} PYTHON={REPO_ROOT / '.venv' / 'bin' / 'python'} "
-        f"bash {RUN_SLURM} debug {config}"
+        f"cd {REPO_ROOT} && RUN_DIR={run_dir} NODES=3 LEARNERS={learners} {env} "
+        f"PYTHON={REPO_ROOT / '.venv' / 'bin' / 'python'} bash {RUN_SLURM} debug {config}"
     )
     script = subprocess.Popen(
         ["bash", str(LOCAL_SLURM), "exec", "nvx1", "bash", "-c", command],
@@ -271,6 +272,86 @@ def test_the_coordinators_node_cut_off_for_30_s_and_healed_the_roles_retry_and_t
     logs = run_dir / "logs"
     retried = "".join(path.read_text() for path in logs.glob("*.log") if path.name != "coordinator.log")
     assert "retrying" in retried, "no role noticed the cut"
+    counted_once(run_dir)
+    assert "coordinator stopped" in (logs / "coordinator.log").read_text()
+    assert node_processes(run_dir) == []
+
+
+def _step_nodes(name_prefix: str) -> List[str]:
+    """The nodes of the running step whose name starts with ``name_prefix`` (``squeue -s`` on nvx1)."""
+    listed = local_slurm("exec", "nvx1", "squeue", "-h", "-s", "-o", "%j %N", timeout=60).stdout
+    for line in listed.splitlines():
+        name, _, nodes = line.strip().partition(" ")
+        if name.startswith(name_prefix):
+            found = re.fullmatch(r"nvx\[(\d)-(\d)\]|nvx\[(\d),(\d)\]|nvx(\d)", nodes.strip())
+            if found:
+                return [f"nvx{n}" for n in _expand(found)]
+    return []
+
+
+def _expand(found: re.Match[str]) -> List[int]:
+    first, last, one, two, alone = found.groups()
+    if first:
+        return list(range(int(first), int(last) + 1))
+    return [int(one), int(two)] if one else [int(alone)]
+
+
+def _log_time(line: str) -> float:
+    stamp = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]", line)
+    assert stamp is not None, line
+    return time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")) + int(stamp.group(2)) / 1000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_learner_ranks_node_cut_off_fails_the_group_within_its_timeout_and_the_step_resumes(cluster, tmp_path):
+    """Two learner ranks on two nodes (``LEARNER_NODES=2``); the node of one (not the coordinator's) is cut off for
+    longer than ``dist_timeout_s``: the other rank's all-reduce fails within ``dist_timeout_s``, the learner step ends,
+    run_slurm.sh starts it again once the node is back, the new ranks resume from the newest checkpoint, and the run
+    reaches its end with every result counted once and the env steps only growing."""
+    dist_timeout_s = 20.0
+    cfg = long_run(40000)
+    cfg["system"].setdefault("learner", {}).update(dist_timeout_s=dist_timeout_s, checkpoint_interval_min=0.25)
+    script, run_dir = _start_run(tmp_path, cfg, learners=2, env="LEARNER_NODES=2")
+    logs = run_dir / "logs"
+    try:
+        coordinator = _coordinator_node(run_dir)
+        deadline = time.monotonic() + 400
+        while len(_eval_rows(run_dir)) < 3 or not list((run_dir / "ckpt").glob("iteration_*.pt")):
+            assert script.poll() is None and time.monotonic() < deadline, "the run did not get going"
+            time.sleep(0.5)
+        ranks = _step_nodes("nervex-learner-")
+        assert len(ranks) == 2, ranks  # one rank per node
+        node = next(n for n in ranks if n != coordinator)
+        cut_at = time.time()
+        assert local_slurm("cut", node, timeout=60).returncode == 0
+        time.sleep(dist_timeout_s + 25.0)
+        assert local_slurm("heal", node, timeout=60).returncode == 0
+        _, stderr = script.communicate(timeout=1000)
+    finally:
+        if script.poll() is None:
+            script.terminate()
+            script.wait(timeout=60)
+        for name in NODES:
+            local_slurm("heal", name, timeout=60)
+    assert script.returncode == 0, stderr[-3000:]
+
+    # the rank that kept the network saw the group fail within dist_timeout_s (plus the step it was in)
+    survivor = ranks.index(next(n for n in ranks if n != node))
+    survivor_log = (logs / f"learner-{survivor}.log").read_text()
+    failures = [line for line in survivor_log.splitlines() if "all-reduce failed" in line or "process group" in line]
+    failures = [line for line in failures if line.startswith("[") and _log_time(line) > cut_at]
+    assert failures, survivor_log[-3000:]
+    assert _log_time(failures[0]) - cut_at <= dist_timeout_s + 15.0, failures[0]
+    assert "starting the learner step again from its newest checkpoint" in stderr
+    resumed = [
+        line for line in (logs / "learner-0.log").read_text().splitlines() if "resumed from" in line and "ckpt" in line
+    ]
+    assert resumed and _log_time(resumed[-1]) > cut_at, resumed
+
+    rows = _eval_rows(run_dir)
+    steps = [int(row["env_step"]) for row in rows]
+    assert steps == sorted(set(steps)) and steps[-1] >= 40000 - 2048, steps
     counted_once(run_dir)
     assert "coordinator stopped" in (logs / "coordinator.log").read_text()
     assert node_processes(run_dir) == []

@@ -119,6 +119,7 @@ class GuardedServer(TcpWSGIServer):
                 open_from_peer,
             )
             return
+        self.set_socket_options(conn)  # TCP_NODELAY: without it each answer waits ~40 ms for a delayed ACK
         self.channel_class(self, conn, addr, self.adj, map=self._map)
 
     def maintenance(self, now: float) -> None:

@@ -171,6 +171,8 @@ class Server:
             try:
                 dispatcher = ThreadedTaskDispatcher()
                 dispatcher.set_thread_count(self._threads)
+                # "Task queue depth is N" (requests waiting for a thread) once per request under load: rate-limited
+                dispatcher.queue_logger = RateLimitedLog(self.logger)
                 self._server = GuardedServer(
                     self.app,
                     self._socket_map,

@@ -17,8 +17,10 @@ from nervex.system.coordinator.state import CoordinatorState
 from nervex.system.protocol import (
     DATA_POLL_PATH,
     HEARTBEAT_PATH,
+    HEARTBEATS_PATH,
     LEAGUE_UPDATE_PATH,
     LEARNER_PROGRESS_PATH,
+    MAX_BEATS,
     MAX_POLL_LIMIT,
     PROTOCOL_VERSION,
     REGISTER_PATH,
@@ -53,6 +55,7 @@ class CoordinatorRoutes:
         handlers: Dict[str, Handler] = {
             REGISTER_PATH: self.register,
             HEARTBEAT_PATH: self.heartbeat,
+            HEARTBEATS_PATH: self.heartbeats,
             TASK_LEASE_PATH: self.lease,
             TASK_COMPLETE_PATH: self.complete,
             TASK_FAIL_PATH: self.fail,
@@ -62,7 +65,20 @@ class CoordinatorRoutes:
             STATUS_PATH: self.status,
             LEAGUE_UPDATE_PATH: self.league,
         }
-        return {path: disk_full_as_507(self._noting_stop(handler)) for path, handler in handlers.items()}
+        return {path: disk_full_as_507(self._durable(self._noting_stop(handler))) for path, handler in handlers.items()}
+
+    def _durable(self, handler: Handler) -> Handler:
+        """The handler, answering only once every change so far is on disk (``CoordinatorState.sync``: one fsync shared
+        by the requests that wait meanwhile), whether it answers or refuses: an answer never shows a change a power
+        loss could undo."""
+
+        def durable(body: Any) -> Dict[str, Any]:
+            try:
+                return handler(body)
+            finally:
+                self.state.sync()
+
+        return durable
 
     def _noting_stop(self, handler: Handler) -> Handler:
         """The handler, recording each worker that is answered "stop" (``CoordinatorState.told_stop``: a finished run
@@ -114,6 +130,31 @@ class CoordinatorRoutes:
         beat = self.state.heartbeat(worker_id, optional(body, "lease_ids", list, []))
         return {"renewed": beat["renewed"], "stale": beat["stale"], "stop": self.state.is_finished()}
 
+    def heartbeats(self, body: Any) -> Dict[str, Any]:
+        """``/v1/heartbeats``: a manager renews the leases of its node's actors, one beat per actor, in one request.
+
+        A beat refused (an unknown actor, another worker's lease) is answered in its place (``error``, ``status``,
+        ``field``) and changes nothing; the others apply."""
+        check_known(body, ("worker_id", "beats"))
+        worker_id = require(body, "worker_id", str)
+        self.state.require_role(worker_id, "manager")
+        beats = require(body, "beats", list)
+        if len(beats) > MAX_BEATS:
+            raise ProtocolError(400, f"'beats' lists {len(beats)} heartbeats, more than {MAX_BEATS}", field="beats")
+        pairs = []
+        for i, beat in enumerate(beats):
+            where = f"beats[{i}]"
+            check_known(beat, ("worker_id", "lease_ids"), where)
+            pairs.append(
+                (require(beat, "worker_id", str, where=where), optional(beat, "lease_ids", list, [], where=where))
+            )
+        answers = self.state.heartbeat_many(worker_id, pairs)
+        for answer in answers.values():
+            error = answer.pop("error", None)
+            if error is not None:
+                answer.update(error.to_json(), status=error.status)
+        return {"beats": answers, "stop": self.state.is_finished()}
+
     def lease(self, body: Any) -> Dict[str, Any]:
         """``/v1/task/lease``: a task, or none (then, for collect, the snapshot the next task would name)."""
         check_known(body, ("worker_id", "kind", "request_id", "ahead"))
@@ -128,8 +169,15 @@ class CoordinatorRoutes:
         if task is None and kind == "collect":
             # no task now (the rate limiter, a full queue): the snapshot the next task would name, so an idle actor
             # loads it while it waits instead of after its next lease
+            # (and how long to wait before asking again: the idle actors' polls together stay at idle_polls_per_s)
             choice = self.state.next_choice()
-            return {"task": None, "stop": False, "snapshot": choice.snapshot, "policy_iter": choice.policy_iter}
+            return {
+                "task": None,
+                "stop": False,
+                "snapshot": choice.snapshot,
+                "policy_iter": choice.policy_iter,
+                "wait_s": self.state.idle_wait_s,
+            }
         return {"task": task, "stop": False}
 
     def complete(self, body: Any) -> Dict[str, Any]:
@@ -141,9 +189,7 @@ class CoordinatorRoutes:
         role = self.state.role_of(worker_id)
         if lease_next is not None:  # refused before the report is recorded: a refusal has no side effect
             self.state.check_lease_kind(role, lease_next, "lease_next")
-        if self.state.task_kind(task_id) == "collect":
-            validate_collect_result(result)
-        answer = {"accepted": self.state.complete(worker_id, task_id, lease_id, result)}
+        answer = {"accepted": self.state.complete(worker_id, task_id, lease_id, result, validate_collect_result)}
         if lease_next is not None:  # report and lease the next task in one round trip
             next_body = dict(
                 worker_id=worker_id, kind=lease_next, request_id=body.get("request_id"), ahead=body.get("ahead")

@@ -1,11 +1,11 @@
 """The coordinator's own durable state next to the task table: run id, config hash, the finished flag, the learner's
-last progress, and the index of accepted collect results (a ``nervex.utils.sqlite.Database``: WAL,
-``synchronous=FULL``)."""
+last progress, and the index of accepted collect results (a ``nervex.utils.sqlite.Database``: WAL, each commit
+flushed, or with ``group_commit`` flushed together by ``sync``)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from nervex.utils.sqlite import Database
 
@@ -34,10 +34,12 @@ class RunState:
 
     Args:
         path: The SQLite file (``<run_dir>/coordinator_state.sqlite``).
+        group_commit: Commits are made durable by ``sync``, not each before it returns.
     """
 
-    def __init__(self, path: str) -> None:
-        self._db = Database(path, name="coordinator run state")
+    def __init__(self, path: str, group_commit: bool = False) -> None:
+        self._db = Database(path, name="coordinator run state", group_commit=group_commit)
+        self._values: Dict[str, Optional[str]] = {}  # key -> stored JSON or None: this process is the only writer
         self._db.script(_STATE_SCHEMA)
         # TOTAL is a float sum: it cannot overflow whatever an older version stored
         self.env_steps = int(self._one("SELECT COALESCE(TOTAL(env_steps), 0) FROM accepted"))
@@ -47,19 +49,30 @@ class RunState:
         """Close the database; safe to call twice."""
         self._db.close()
 
+    def sync(self) -> None:
+        """Make every change so far durable (one shared fsync) with ``group_commit``; a no-op without."""
+        self._db.sync()
+
     def get(self, key: str, default: Any = None) -> Any:
-        """The value stored under ``key``, or ``default``."""
-        value = self._db.one("SELECT value FROM run_state WHERE key=?", (key,))
-        return default if value is None else json.loads(value)
+        """The value stored under ``key`` (a fresh copy, read from this process's cache of the file), or ``default``."""
+        if key not in self._values:
+            self._values[key] = self._db.one("SELECT value FROM run_state WHERE key=?", (key,))
+        text = self._values[key]
+        return default if text is None else json.loads(text)
 
     def put(self, key: str, value: Any) -> None:
-        """Store ``value`` (JSON) under ``key``, durably."""
-        self._db.execute("INSERT OR REPLACE INTO run_state VALUES (?, ?)", (key, json.dumps(value)))
+        """Store ``value`` (JSON) under ``key`` (durable after ``sync``)."""
+        text = json.dumps(value)
+        with self._db.lock:
+            self._db.execute("INSERT OR REPLACE INTO run_state VALUES (?, ?)", (key, text))
+            self._values[key] = text
 
     def put_default(self, key: str, value: Any) -> Any:
         """Store ``value`` unless ``key`` holds one already; returns what ``key`` holds."""
-        self._db.execute("INSERT OR IGNORE INTO run_state VALUES (?, ?)", (key, json.dumps(value)))
-        return self.get(key)
+        with self._db.lock:
+            self._db.execute("INSERT OR IGNORE INTO run_state VALUES (?, ?)", (key, json.dumps(value)))
+            self._values.pop(key, None)
+            return self.get(key)
 
     def ingest(self, results: List[Dict[str, Any]]) -> List[int]:
         """Index accepted collect results (``TaskTable.results`` rows, in seq order) in one transaction.

@@ -125,10 +125,12 @@ class Coordinator:
 
     def _open_state(self) -> CoordinatorState:
         s = self.settings
-        table = TaskTable(os.path.join(self.run_dir, TABLE_FILE), s.lease_s, s.max_attempts, self._clock)
+        table = TaskTable(
+            os.path.join(self.run_dir, TABLE_FILE), s.lease_s, s.max_attempts, self._clock, group_commit=True
+        )
         run_state: Optional[RunState] = None
         try:
-            run_state = RunState(os.path.join(self.run_dir, STATE_FILE))
+            run_state = RunState(os.path.join(self.run_dir, STATE_FILE), group_commit=True)
             storage = Storage(storage_root(self.cfg, self.run_dir), min_free_bytes=s.min_free_bytes)
             return CoordinatorState(
                 self.cfg,

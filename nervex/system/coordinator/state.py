@@ -4,8 +4,8 @@
 it knows who registered with which role, leases and completes tasks, indexes accepted results, applies back-pressure,
 creates collect tasks, and deletes the files no result will name. Its methods take checked values, not request bodies;
 they raise ``ProtocolError`` only for refusals that depend on the state (an unknown worker, a lease of another worker,
-back-pressure). Every change is durable before a method returns (``TaskTable`` and ``RunState`` commit with
-``synchronous=FULL``).
+back-pressure). Changes are committed before a method returns and made durable by ``sync`` (group commit: one fsync
+for every change so far), which the routes call before they answer.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from nervex.system.system_config import collect_spec, learning_starts
 SWEEP_S = 30.0
 """The longest period between two sweeps of orphaned payload files (``CoordinatorState.sweep``; every ``lease_s`` if
 less)."""
+MAX_IDLE_WAIT_S = 30.0
+"""The longest wait a "no task" lease answer asks of an idle actor."""
 RETRY_AFTER_S = 1.0
 """What a 429 or 507 tells the client to wait before sending again."""
 LEASE_ROLES: Dict[str, Tuple[str, ...]] = {"collect": ("actor", "manager")}
@@ -100,6 +102,10 @@ class CoordinatorState:
         self._roles: Dict[str, str] = {w["worker_id"]: w["role"] for w in table.workers()}
         self._last_lease: Dict[str, Tuple[str, str, str]] = {}  # worker id -> (request id, task id, lease id)
         self._last_sweep = time.monotonic()
+        self._seen: Dict[str, float] = {}  # worker id -> when it last called without writing (see ``seen``)
+        self.idle_wait_s = 0.0
+        """How long an actor answered "no task" should wait before it asks again: the live actors over
+        ``idle_polls_per_s`` (updated by ``tick``), so the idle actors' polls stay at that rate however many they are."""
         self.run_id = self._open_run()
 
     def _open_run(self) -> str:
@@ -112,6 +118,11 @@ class CoordinatorState:
                 "or give this config a new run dir"
             )
         return run_id
+
+    def sync(self) -> None:
+        """Make every change so far durable: both databases flushed (group commit; a route answers only after it)."""
+        self.table.sync()
+        self.run_state.sync()
 
     # ---- reading --------------------------------------------------------------------------------------------
     def learner_progress(self) -> Dict[str, Any]:
@@ -187,12 +198,17 @@ class CoordinatorState:
         self.logger.info("registered %s %r", role, worker_id)
 
     def seen(self, worker_id: str) -> None:
-        """Note that ``worker_id`` called (its ``last_seen``)."""
-        self.table.heartbeat(worker_id, [])
+        """Note that ``worker_id`` called: its ``last_seen``, written by the next ``tick`` (an idle actor's poll then
+        reads the table and writes nothing)."""
+        self._seen[worker_id] = self._clock()
 
     def heartbeat(self, worker_id: str, lease_ids: List[str]) -> Dict[str, Any]:
         """Renew the listed leases that are current; ``{'renewed': {lease_id: deadline}, 'stale': [...]}``."""
         return self.table.heartbeat(worker_id, lease_ids)
+
+    def heartbeat_many(self, manager_id: str, beats: List[Tuple[str, List[Any]]]) -> Dict[str, Dict[str, Any]]:
+        """A manager's batch of its actors' heartbeats (``TaskTable.heartbeat_many``); the manager is seen too."""
+        return self.table.heartbeat_many([(manager_id, [])] + beats)
 
     # ---- leases ---------------------------------------------------------------------------------------------
     def lease(self, worker_id: str, kind: str, request_id: Optional[str], ahead: bool) -> Optional[Dict[str, Any]]:
@@ -220,14 +236,17 @@ class CoordinatorState:
         return task
 
     def _lease_task(self, worker_id: str, kind: str, ahead: bool) -> Optional[Dict[str, Any]]:
-        pending = self.table.pending_count(kind)
+        pending = self.table.pending_count(kind, at_most=2)
         if pending == 0:
             # an empty queue is topped up now, not at the next tick: otherwise collection is capped at
             # max_pending_collect x n_sample per tick_s whatever the number of actors
             self._ingest_results()
             pending = self._top_up()
-        if ahead and pending < 2:
-            return None  # a prefetching actor does not take the last waiting task, which an idle actor may need
+        if ahead and pending < 2 or pending == 0:
+            # a prefetching actor does not take the last waiting task, which an idle actor may need; and with none
+            # waiting, the poll changes nothing but the actor's last_seen
+            self.seen(worker_id)
+            return None
         return self.table.lease(worker_id, kind)
 
     def _leased_by_request(self, worker_id: str, request_id: Optional[str]) -> Optional[Dict[str, Any]]:
@@ -257,12 +276,16 @@ class CoordinatorState:
         """The snapshot the next collect task would name (an idle actor loads it while it waits)."""
         return self.snapshot_source.choose()
 
-    def task_kind(self, task_id: str) -> str:
-        """The kind of task ``task_id``; 404 if there is none."""
-        return self.table.get_task(task_id)["kind"]
-
-    def complete(self, worker_id: str, task_id: str, lease_id: str, result: Dict[str, Any]) -> bool:
-        """Record a task's result (a collect result's fields already checked); whether it is the accepted one.
+    def complete(
+        self,
+        worker_id: str,
+        task_id: str,
+        lease_id: str,
+        result: Dict[str, Any],
+        check_collect: Callable[[Any], Any] = lambda result: result,
+    ) -> bool:
+        """Record a task's result; whether it is the accepted one. ``check_collect`` checks a collect result's fields
+        (raising a 400) before anything else is looked at.
 
         A collect result is refused with 429/507 under back-pressure (nothing recorded; the worker sends it again);
         a stale lease's result is dropped and its payload deleted unless an accepted result names the same content.
@@ -274,6 +297,8 @@ class CoordinatorState:
         with self.lock:
             task = self.table.get_task(task_id)
             collect = task["kind"] == "collect"
+            if collect:
+                check_collect(result)
             current = self._check_lease_owner(task, lease_id, worker_id)
             if current and task["state"] == "leased" and collect:
                 self._check_collect_result(task, result)
@@ -378,6 +403,11 @@ class CoordinatorState:
         with self.lock:
             self._ingest_results()
             self._top_up()
+        seen, self._seen = self._seen, {}
+        self.table.touch_workers(seen)
+        live = self.table.live_workers("actor", self._clock() - float(self.settings.lease_s))
+        self.idle_wait_s = min(MAX_IDLE_WAIT_S, live / float(self.settings.idle_polls_per_s))
+        self.sync()  # nobody waits for these changes; flushed here so few are left for the next request's flush
         now = time.monotonic()
         if now - self._last_sweep >= min(SWEEP_S, max(1.0, float(self.settings.lease_s))):
             self._last_sweep = now
@@ -448,16 +478,15 @@ class CoordinatorState:
         first = int(self.run_state.get("next_task_index", 0))
         self.run_state.put("next_task_index", first + count)  # before the tasks: a crash in between skips indices
         choice = self.snapshot_source.choose()
-        for index in range(first, first + count):
-            payload = {
-                "unit": self._collect.unit,
-                "n": self._collect.n,
-                "restart_envs": self._collect.restart_envs,
-                "snapshot": choice.snapshot,
-                "policy_iter": choice.policy_iter,
-                "task_index": index,
-            }
-            self.table.add_task("collect", payload, task_id=f"collect-{index:08d}")
+        payload = {
+            "unit": self._collect.unit,
+            "n": self._collect.n,
+            "restart_envs": self._collect.restart_envs,
+            "snapshot": choice.snapshot,
+            "policy_iter": choice.policy_iter,
+        }
+        tasks = [(f"collect-{index:08d}", dict(payload, task_index=index)) for index in range(first, first + count)]
+        self.table.add_tasks("collect", tasks)
         return count
 
     def _collect_budget(self) -> int:
@@ -499,4 +528,4 @@ class CoordinatorState:
         return 0
 
 
-__all__ = ["CoordinatorError", "CoordinatorState", "LEASE_ROLES", "RETRY_AFTER_S", "SWEEP_S"]
+__all__ = ["CoordinatorError", "CoordinatorState", "LEASE_ROLES", "MAX_IDLE_WAIT_S", "RETRY_AFTER_S", "SWEEP_S"]

@@ -7,11 +7,12 @@ lease of another role's process is a 403, an unknown id a 404, a lease that is n
 (``False``). The processes that register are called workers here, as in the ``workers`` table and the ``worker_id``
 field of every request (names kept from the wire and from existing databases).
 
-Durability: the file is a ``nervex.utils.sqlite.Database`` (WAL, ``synchronous=FULL``). A transaction is fsynced to the
-WAL before ``COMMIT`` returns, so what a method returned (and the HTTP handler acknowledged) survives a ``kill -9`` of
-the coordinator and a power loss of its node. The cost, one fsync per state change, is small next to the rate of
-control messages (a few per second per process). The schema and its upgrade from older versions are in
-``nervex.system.coordinator.schema``.
+Durability: the file is a ``nervex.utils.sqlite.Database`` (WAL). By default a transaction is fsynced to the WAL before
+``COMMIT`` returns (``synchronous=FULL``), so what a method returned survives a ``kill -9`` of the coordinator and a
+power loss of its node. With ``group_commit`` (the coordinator's), ``COMMIT`` only writes the WAL and :meth:`sync`
+flushes every transaction committed so far in one fsync; the coordinator calls it before it answers a request, so
+what it acknowledged is as durable, and concurrent requests share one flush instead of queueing behind one each. The
+schema and its upgrade from older versions are in ``nervex.system.coordinator.schema``.
 
 Deadlines are wall-clock seconds (``time.time``), not monotonic, because they must mean the same after a restart.
 """
@@ -65,12 +66,20 @@ class TaskTable:
         lease_s: seconds a lease lasts from its grant or its last heartbeat.
         max_attempts: leases a task may be given before a failure or expiry marks it ``failed``.
         clock: wall-clock seconds; injected by tests.
+        group_commit: commits are flushed by :meth:`sync`, not each before it returns (``Database``'s group commit).
 
     Raises:
         TaskTableError: the database is locked by another TaskTable, has a newer schema, or refuses WAL.
     """
 
-    def __init__(self, path: str, lease_s: float = 30.0, max_attempts: int = 3, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        path: str,
+        lease_s: float = 30.0,
+        max_attempts: int = 3,
+        clock: Callable[[], float] = time.time,
+        group_commit: bool = False,
+    ):
         if not (lease_s > 0 and math.isfinite(lease_s)):
             raise ValueError(f"TaskTable lease_s must be a positive number of seconds, got {lease_s!r}")
         if not (isinstance(max_attempts, int) and max_attempts >= 1):
@@ -79,7 +88,13 @@ class TaskTable:
         self.max_attempts = max_attempts
         self._clock = clock
         self.db = Database(
-            path, name="task table", exclusive=True, foreign_keys=True, error=TaskTableError, owner="coordinator"
+            path,
+            name="task table",
+            exclusive=True,
+            foreign_keys=True,
+            error=TaskTableError,
+            owner="coordinator",
+            group_commit=group_commit,
         )
         """The SQLite file (for inspection and tests; change the table through the methods)."""
         self.path = self.db.path
@@ -124,6 +139,10 @@ class TaskTable:
     def close(self) -> None:
         """Closes the database and releases the lock file. Safe to call twice."""
         self.db.close()
+
+    def sync(self) -> None:
+        """Make every change so far durable (one shared fsync) with ``group_commit``; a no-op without."""
+        self.db.sync()
 
     def __enter__(self) -> TaskTable:
         return self
@@ -188,25 +207,72 @@ class TaskTable:
         """
         check_id(worker_id, "worker_id")
         lease_ids = [check_id(lease_id, "lease_ids") for lease_id in lease_ids]
+        with self._transaction() as conn:
+            return self._heartbeat(conn, worker_id, lease_ids, self._clock())
+
+    def heartbeat_many(self, beats: Iterable[Tuple[str, Iterable[str]]]) -> Dict[str, Dict[str, Any]]:
+        """Many workers' heartbeats in one transaction (a manager relays those of its node's actors).
+
+        Each beat is applied as :meth:`heartbeat` would apply it alone: a beat refused (unknown worker, a lease of
+        another worker) changes nothing and does not stop the others.
+
+        Args:
+            beats: ``(worker_id, lease_ids)`` pairs; a worker listed twice counts once (its last pair).
+
+        Returns:
+            ``{worker_id: {'renewed': {...}, 'stale': [...]}}``, or ``{worker_id: {'error': ProtocolError}}`` for a
+            refused beat.
+        """
+        beats = dict(beats)
+        answers: Dict[str, Dict[str, Any]] = {}
         now = self._clock()
+        with self._transaction() as conn:
+            for worker_id, lease_ids in beats.items():
+                conn.execute("SAVEPOINT beat")
+                try:
+                    check_id(worker_id, "worker_id")
+                    ids = [check_id(lease_id, "lease_ids") for lease_id in lease_ids]
+                    beat = self._heartbeat(conn, worker_id, ids, now)
+                except ProtocolError as error:
+                    conn.execute("ROLLBACK TO beat")
+                    answers[worker_id] = {"error": error}
+                else:
+                    answers[worker_id] = {"renewed": beat["renewed"], "stale": beat["stale"]}
+                conn.execute("RELEASE beat")
+        return answers
+
+    def _heartbeat(self, conn: sqlite3.Connection, worker_id: str, lease_ids: List[str], now: float) -> Dict[str, Any]:
         renewed: Dict[str, float] = {}
         stale: List[str] = []
-        with self._transaction() as conn:
-            self._worker(conn, worker_id)
-            conn.execute("UPDATE workers SET last_seen=? WHERE worker_id=?", (now, worker_id))
-            for lease_id in lease_ids:
-                lease = self._owned_lease(conn, lease_id, worker_id)
-                if lease["state"] == "active" and now <= lease["deadline"]:
-                    renewed[lease_id] = self._renew(conn, lease, now)
-                else:
-                    if lease["state"] == "active":
-                        self._expire(conn, lease["task_id"], now)
-                    stale.append(lease_id)
-            return {"worker": self._worker(conn, worker_id), "renewed": renewed, "stale": stale}
+        self._worker(conn, worker_id)
+        conn.execute("UPDATE workers SET last_seen=? WHERE worker_id=?", (now, worker_id))
+        for lease_id in lease_ids:
+            lease = self._owned_lease(conn, lease_id, worker_id)
+            if lease["state"] == "active" and now <= lease["deadline"]:
+                renewed[lease_id] = self._renew(conn, lease, now)
+            else:
+                if lease["state"] == "active":
+                    self._expire(conn, lease["task_id"], now)
+                stale.append(lease_id)
+        return {"worker": self._worker(conn, worker_id), "renewed": renewed, "stale": stale}
 
     def workers(self) -> List[Dict[str, Any]]:
         """Returns every registered worker's record, oldest registration first."""
         return [worker_record(row) for row in self._query("SELECT * FROM workers ORDER BY registered_at, worker_id")]
+
+    def touch_workers(self, seen: Dict[str, float]) -> None:
+        """Moves each listed worker's ``last_seen`` forward to its time (never back); unknown ids are skipped."""
+        if not seen:
+            return
+        with self._transaction() as conn:
+            conn.executemany(
+                "UPDATE workers SET last_seen=MAX(last_seen, ?) WHERE worker_id=?",
+                [(at, worker_id) for worker_id, at in seen.items()],
+            )
+
+    def live_workers(self, role: str, since: float) -> int:
+        """Returns how many workers of ``role`` were seen (registered, leased, heartbeat) at ``since`` or later."""
+        return int(self.db.one("SELECT COUNT(*) FROM workers WHERE role=? AND last_seen >= ?", (role, since)))
 
     def _worker(self, conn: sqlite3.Connection, worker_id: str) -> Dict[str, Any]:
         row = conn.execute("SELECT * FROM workers WHERE worker_id=?", (worker_id,)).fetchone()
@@ -244,21 +310,30 @@ class TaskTable:
         Raises:
             ProtocolError: 400 malformed kind, id or payload; 409 the id exists with another kind or payload.
         """
+        return self.add_tasks(kind, [(task_id, payload)])[0]
+
+    def add_tasks(self, kind: str, tasks: List[Tuple[Optional[str], Dict[str, Any]]]) -> List[str]:
+        """Adds pending tasks, ``(task_id or None, payload)`` each, in one transaction (all or none); as
+        :meth:`add_task` for each. Returns their ids."""
         check_kind(kind)
-        task_id = uuid.uuid4().hex if task_id is None else check_id(task_id, "task_id")
-        payload_json = to_json(payload, "payload")
+        rows = [
+            (uuid.uuid4().hex if task_id is None else check_id(task_id, "task_id"), to_json(payload, "payload"))
+            for task_id, payload in tasks
+        ]
         now = self._clock()
         with self._transaction() as conn:
-            row = conn.execute("SELECT kind, payload FROM tasks WHERE task_id=?", (task_id,)).fetchone()
-            if row is None:
-                conn.execute(
-                    "INSERT INTO tasks (task_id, kind, payload, state, created_at, updated_at) "
-                    "VALUES (?, ?, ?, 'pending', ?, ?)",
-                    (task_id, kind, payload_json, now, now),
-                )
-            elif (row["kind"], row["payload"]) != (kind, payload_json):
-                raise ProtocolError(409, f"task {task_id!r} already exists with another kind or payload", "task_id")
-        return task_id
+            for task_id, payload_json in rows:
+                row = conn.execute("SELECT kind, payload FROM tasks WHERE task_id=?", (task_id,)).fetchone()
+                if row is None:
+                    conn.execute(
+                        "INSERT INTO tasks (task_id, kind, payload, state, created_at, updated_at) "
+                        "VALUES (?, ?, ?, 'pending', ?, ?)",
+                        (task_id, kind, payload_json, now, now),
+                    )
+                elif (row["kind"], row["payload"]) != (kind, payload_json):
+                    message = f"task {task_id!r} already exists with another kind or payload"
+                    raise ProtocolError(409, message, "task_id")
+        return [task_id for task_id, _ in rows]
 
     def lease(self, worker_id: str, kind: str) -> Optional[Dict[str, Any]]:
         """Leases the oldest pending task of ``kind`` to a worker.
@@ -413,10 +488,14 @@ class TaskTable:
         rows = self._query("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state")
         return {**dict.fromkeys(TASK_STATES, 0), **{row["state"]: row["n"] for row in rows}}
 
-    def pending_count(self, kind: str) -> int:
-        """Returns the number of pending tasks of ``kind``, for back-pressure (refuse new work with 429 above a cap)."""
+    def pending_count(self, kind: str, at_most: Optional[int] = None) -> int:
+        """Returns the number of pending tasks of ``kind``, or ``min(that, at_most)`` (read without counting past it:
+        a lease asks whether any wait, not how many)."""
         check_kind(kind)
-        return self._query("SELECT COUNT(*) FROM tasks WHERE kind=? AND state='pending'", (kind,))[0][0]
+        if at_most is None:
+            return self._query("SELECT COUNT(*) FROM tasks WHERE kind=? AND state='pending'", (kind,))[0][0]
+        sql = "SELECT COUNT(*) FROM (SELECT 1 FROM tasks WHERE kind=? AND state='pending' LIMIT ?)"
+        return self._query(sql, (kind, int(at_most)))[0][0]
 
     def results(self, kind: str, since_seq: int = 0, limit: int = 1000) -> List[Dict[str, Any]]:
         """Returns the accepted results of ``kind`` with ``seq > since_seq``, in seq order.

@@ -2,7 +2,8 @@
 # The parallel mode under Slurm, the nerveX tutorial's way: one srun step per role group.
 #   app_zoo/classic_control/cartpole/dist/run_slurm.sh PARTITION [CONFIG]
 # Environment: LEARNERS (learner ranks, default 1: >1 trains data-parallel with torch.distributed), NODES (nodes with
-# a manager and its actors, default 1), ACTORS (actors per manager, default: system.manager.actors), COORD_HOST (the
+# a manager and its actors, default 1), LEARNER_NODES (nodes the learner ranks spread over; default: Slurm's choice),
+# ACTORS (actors per manager, default: system.manager.actors), COORD_HOST (the
 # coordinator's bind address; default "node": the address of the node Slurm places the coordinator on, whatever it
 # is, so the address and the node always agree; 127.0.0.1 only when every role runs on one node), RUN_DIR (on a file system every node mounts; the SQLite
 # files must be on node-local disk, see docs/parallel.md), LEARNER_RESTARTS (default 3: a learner step that fails, e.g.
@@ -94,10 +95,12 @@ pids+=($!)
 # process-group timeout); ranks come from SLURM_PROCID / SLURM_NTASKS, never SLURM_LOCALID. A failed step is started
 # again: the new ranks resume from the newest valid checkpoint in $RUN_DIR/ckpt.
 LEARNER_RESTARTS="${LEARNER_RESTARTS:-3}"
+LEARNER_PLACEMENT=()  # LEARNER_NODES=N: the ranks spread over N nodes (Slurm packs them as it likes otherwise)
+[ -n "${LEARNER_NODES:-}" ] && LEARNER_PLACEMENT=(-N"$LEARNER_NODES")
 echo "run_slurm.sh: run directory $RUN_DIR (logs in $RUN_DIR/logs)" >&2
 attempt=0
 while :; do
-  srun -p "$PARTITION" --job-name="nervex-learner-$TAG" -n"$LEARNERS" --kill-on-bad-exit=1 \
+  srun -p "$PARTITION" --job-name="nervex-learner-$TAG" -n"$LEARNERS" "${LEARNER_PLACEMENT[@]}" --kill-on-bad-exit=1 \
     "$PY" -u -m nervex.system.learner_start "${ARGS[@]}" >>"$RUN_DIR/logs/learner.stderr" 2>&1 &
   learner=$!
   pids+=($learner)
