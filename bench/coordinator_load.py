@@ -17,12 +17,15 @@ keep-alive connections (a manager relays with 4 threads), and its heartbeats go 
 
 A simulated learner polls the accepted results (``/v1/data/poll``), checks that their seqs come once each and in order,
 and deletes their files, so no back-pressure holds the actors (``samples_per_insert: null``, the queue caps raised).
+With ``--learner-samples-per-s`` it also reports that sampling rate (``/v1/learner/progress``) and the config's rate
+limiter (``samples_per_insert: 32``) decides how many tasks exist: the actors wait idle most of the time, as in a real
+off-policy run with many actors.
 
 For each table size the bench opens a fresh run dir, fills the table with that many done tasks (through
 ``TaskTable``, the coordinator's own class, before the coordinator starts), starts the coordinator, and runs each actor
-count for ``--window`` seconds after ``--warmup`` seconds. Reported per window: accepted tasks/s, env steps/s, p50/p99
-of each route's latency as the client sees it (send to whole answer), the coordinator's CPU seconds per request
-(``/proc/<pid>/stat``), and at the end the check: every task done at most once, the coordinator's accepted env steps
+count for ``--window`` seconds, starting ``--warmup`` seconds after every actor registered and leased once. Reported
+per window: accepted tasks/s, env steps/s, p50/p99 of each route's latency as the client sees it (send to whole
+answer), the coordinator's CPU seconds per request (``/proc/<pid>/stat``), and at the end the check: every task done at most once, the coordinator's accepted env steps
 equal to the sum of the accepted results the actors reported plus the prefill, every seq delivered once.
 
     python bench/coordinator_load.py                        # 1k and 100k tasks x 50/200/1000 actors, ~10 minutes
@@ -37,6 +40,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import subprocess
@@ -174,6 +178,7 @@ class Load:
         self.held: Dict[str, Dict[str, str]] = {}  # actor id -> {lease id: task id}
         self.heartbeat_s = 10.0 / 3
         self.sampled_base = 0  # the learner's samples before the bench (what the prefilled results allowed)
+        self.started = 0  # actors registered and past their first lease
 
     async def call(self, pool: Pool, route: str, body: Dict[str, Any]) -> Tuple[int, Any]:
         start = time.perf_counter()
@@ -187,9 +192,10 @@ class Load:
         self.heartbeat_s = float(answer["heartbeat_s"])
         held = self.held.setdefault(actor_id, {})
         task, wait = await self._lease(pool, actor_id)
+        self.started += 1
         while not self.stop.is_set():
-            if task is None:  # what ActorRole does: its own back-off, or the coordinator's longer wait_s
-                await asyncio.sleep(max(0.05, wait))
+            if task is None:  # what ActorRole does: its own back-off, or the coordinator's longer wait_s, jittered
+                await asyncio.sleep(max(0.05, wait * random.uniform(0.5, 1.5)))
                 task, wait = await self._lease(pool, actor_id)
                 continue
             held[task["lease_id"]] = task["task_id"]
@@ -367,6 +373,10 @@ async def measure_windows(
             actor_ids = [f"{load.tag}-n{n}-a{i}" for i in members]
             jobs += [asyncio.create_task(load.actor(pool, a)) for a in actor_ids]
             jobs.append(asyncio.create_task(load.heartbeats(pool, f"{load.tag}-node{n}", actor_ids)))
+        # the window starts --warmup s after every actor registered and asked for its first task (1,000 actors
+        # starting at once queue their registrations for seconds; a real cluster starts them over minutes)
+        while load.started < n_actors:
+            await asyncio.sleep(0.1)
         await asyncio.sleep(args.warmup)
         load.tally.measuring = True
         cpu0, wall0 = cpu_seconds(pid), time.monotonic()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -234,8 +235,10 @@ class ActorRole:
                 self._preload_snapshot(answer)
                 start = time.perf_counter()
                 if done is None:  # (a collected task is reported at once: the rate limiter may wait for it)
-                    # the coordinator's hint keeps all idle actors' polls together at idle_polls_per_s
-                    self._idle(max(wait, min(MAX_HINTED_WAIT_S, float(answer.get("wait_s") or 0.0))), stop)
+                    # the coordinator's hint keeps all idle actors' polls together at idle_polls_per_s; jittered
+                    # (0.5-1.5x), so actors that started together do not poll together
+                    hinted = min(MAX_HINTED_WAIT_S, float(answer.get("wait_s") or 0.0)) * random.uniform(0.5, 1.5)
+                    self._idle(max(wait, hinted), stop)
                     self._timed("idle", start)
                     wait = min(MAX_IDLE_WAIT_S, wait * 2)
                 upcoming, done = io.submit(self._exchange, done), None

@@ -16,6 +16,7 @@ the plain values of the compiled ``system`` section.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -81,11 +82,26 @@ Kind = Union[Type[Any], Tuple[Type[Any], ...]]
 
 def write_coordinator_url(run_dir: str, url: str) -> str:
     """Write ``url`` to ``<run_dir>/coordinator.url`` atomically (temporary file, fsync, rename); returns the path."""
-    path = os.path.join(run_dir, COORDINATOR_URL_FILE)
-    fd, temp = tempfile.mkstemp(prefix=".coordinator.url.", dir=run_dir)
+    return _write_atomically(run_dir, COORDINATOR_URL_FILE, url + "\n")
+
+
+RUN_FINISHED_FILE = "run_finished.json"
+"""``<run_dir>/run_finished.json``: written by the coordinator once the run finished (``{reason, worker_id, at}``),
+before any answer says stop, so a launcher tells a role that ended because the run is over from one that ended
+early (``run_slurm.sh`` starts the latter again)."""
+
+
+def write_run_finished(run_dir: str, record: Mapping[str, Any]) -> str:
+    """Write ``record`` to ``<run_dir>/run_finished.json`` atomically; returns the path."""
+    return _write_atomically(run_dir, RUN_FINISHED_FILE, json.dumps(dict(record)) + "\n")
+
+
+def _write_atomically(run_dir: str, name: str, text: str) -> str:
+    path = os.path.join(run_dir, name)
+    fd, temp = tempfile.mkstemp(prefix=f".{name}.", dir=run_dir)
     try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(url + "\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
@@ -238,6 +254,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ROLES",
     "ROUTES",
+    "RUN_FINISHED_FILE",
     "KEYED_PATHS",
     "REGISTER_PATH",
     "HEARTBEAT_PATH",
@@ -257,6 +274,7 @@ __all__ = [
     "EPISODE_FIELDS",
     "OUTCOMES",
     "write_coordinator_url",
+    "write_run_finished",
     "read_coordinator_url",
     "check_known",
     "require",

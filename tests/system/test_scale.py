@@ -6,6 +6,7 @@ does what it promises, against a real coordinator on loopback."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -20,7 +21,7 @@ from nervex.system.comm.server import Server
 from nervex.system.coordinator.run_state import RunState
 from nervex.system.coordinator.task_table import TaskTable
 from nervex.system.heartbeat_batch import HeartbeatBatch
-from nervex.system.protocol import HEARTBEAT_PATH, HEARTBEATS_PATH, MAX_BEATS, TASK_LEASE_PATH
+from nervex.system.protocol import HEARTBEAT_PATH, HEARTBEATS_PATH, MAX_BEATS, RUN_FINISH_PATH, TASK_LEASE_PATH
 from nervex.utils import sqlite as sqlite_module
 from nervex.utils.sqlite import Database
 from tests.system.test_coordinator import TOKEN, FakeClock, Harness, make_cfg, refusal
@@ -264,3 +265,18 @@ def test_run_state_reads_come_from_its_cache_as_fresh_copies(tmp_path: Path):
     again = RunState(str(tmp_path / "s.sqlite"))
     assert (again.get("learner"), again.get("run_id")) == ({"sampled": 5}, "abc")
     again.close()
+
+
+def test_the_finished_run_is_written_down_before_anyone_is_told_to_stop(harness, tmp_path: Path):
+    """run_slurm.sh starts a step that ended with 0 again unless run_finished.json exists: it must exist by the time
+    any answer says stop, and a coordinator restarted on a finished run whose file was lost writes it again."""
+    h = harness()
+    h.register("learner0", role="learner")
+    path = tmp_path / "run" / "run_finished.json"
+    assert not path.exists()
+    assert h.post(RUN_FINISH_PATH, {"worker_id": "learner0", "reason": "max_env_step"}) == {"stop": True}
+    assert json.loads(path.read_text())["reason"] == "max_env_step"
+    h.coordinator.stop()
+    path.unlink()
+    harness()
+    assert json.loads(path.read_text())["worker_id"] == "learner0"

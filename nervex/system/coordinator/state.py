@@ -11,6 +11,7 @@ for every change so far), which the routes call before they answer.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ from nervex.system.coordinator.snapshots import (
     SnapshotSource,
 )
 from nervex.system.coordinator.task_table import TaskTable
-from nervex.system.protocol import PROTOCOL_VERSION
+from nervex.system.protocol import PROTOCOL_VERSION, RUN_FINISHED_FILE, write_run_finished
 from nervex.system.system_config import collect_spec, learning_starts
 
 SWEEP_S = 30.0
@@ -117,6 +118,9 @@ class CoordinatorState:
                 f"{self.config_hash}: start the coordinator with the run's original config (and --set overrides), "
                 "or give this config a new run dir"
             )
+        finished = self.run_state.get("finished")
+        if finished is not None and not os.path.exists(os.path.join(self.run_dir, RUN_FINISHED_FILE)):
+            write_run_finished(self.run_dir, finished)
         return run_id
 
     def sync(self) -> None:
@@ -390,7 +394,9 @@ class CoordinatorState:
         """Mark the run finished (once; later calls keep the first reason)."""
         with self.lock:
             if not self.is_finished():
-                self.run_state.put("finished", {"reason": reason, "worker_id": worker_id, "at": self._clock()})
+                record = {"reason": reason, "worker_id": worker_id, "at": self._clock()}
+                write_run_finished(self.run_dir, record)  # first: no answer says stop before the launcher can tell
+                self.run_state.put("finished", record)
                 self.logger.info("run finished by %r: %s", worker_id, reason[:500])
 
     # ---- the background pass --------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ ARGS=(--config "$CONFIG" --run-dir "$RUN_DIR")
 ACTOR_ARGS=()
 [ -n "${ACTORS:-}" ] && ACTOR_ARGS=(--actors "$ACTORS")
 mkdir -p "$RUN_DIR/logs"
+STOP_MARK="$RUN_DIR/logs/.run_slurm_stopping"
+rm -f "$STOP_MARK"
 
 pids=()
 alive() { local pid; for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
@@ -42,6 +44,7 @@ term_steps() { # SIGTERM the tasks of this run's steps still running (scancel --
   [ -n "$ids" ] && scancel --signal=TERM $ids 2>/dev/null || true
 }
 stop_all() {
+  touch "$STOP_MARK"  # the steps that end from here on are not started again
   # the roles stop by themselves once the run finished (the coordinator drains its stop, then exits); whatever still
   # runs gets SIGTERM (each role logs its clean stop), and only after GRACE_S more does srun cancel (SIGKILL) it
   if [ -z "${INTERRUPTED:-}" ]; then
@@ -55,8 +58,9 @@ stop_all() {
 trap stop_all EXIT
 trap 'INTERRUPTED=1; exit 130' INT TERM
 
-# keep_running RESTARTS NAME LOG COMMAND...: run COMMAND (output appended to LOG), and again when it fails, at most
-# RESTARTS more times, waiting 2, 4, 8, 16, then 30 s; SIGTERM stops the command and the loop
+# keep_running RESTARTS NAME LOG COMMAND...: run COMMAND (output appended to LOG), and again when it fails or ends
+# before the run finished, at most RESTARTS more times, waiting 2, 4, 8, 16, then 30 s; SIGTERM stops the command and
+# the loop
 keep_running() {
   local restarts=$1 name=$2 log=$3 attempt=0 status child=""
   shift 3
@@ -66,8 +70,11 @@ keep_running() {
     child=$!
     status=0
     wait "$child" || status=$?
-    [ "$status" -eq 0 ] && return 0
-    echo "run_slurm.sh: the $name step exited with status $status" >&2
+    # over when the run is (the coordinator wrote run_finished.json before telling anyone to stop) or this script
+    # stops; a step that ended with 0 before that was stopped from outside (Slurm cancels a step when one of its
+    # nodes is cut off, and its roles stop cleanly on the SIGTERM) and is started again like a failed one
+    [ "$status" -eq 0 ] && { [ -e "$RUN_DIR/run_finished.json" ] || [ -e "$STOP_MARK" ]; } && return 0
+    echo "run_slurm.sh: the $name step exited with status $status before the run finished" >&2
     [ "$attempt" -ge "$restarts" ] && return "$status"
     attempt=$((attempt + 1))
     local wait_s=$((1 << attempt)); [ "$wait_s" -gt 30 ] && wait_s=30  # 2, 4, 8, 16, 30 s: outlasts a partition
