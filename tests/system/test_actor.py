@@ -12,7 +12,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 import torch
@@ -214,3 +214,23 @@ def test_the_actor_seats_a_tasks_opponent_and_reports_outcomes(tmp_path):
         if actor is not None:
             actor.close()
         coordinator.stop()
+
+
+def test_an_idle_actor_waits_as_long_as_the_coordinators_hint_asks(idle_actor, monkeypatch):
+    """A "no task" answer's ``wait_s`` (live actors / idle_polls_per_s) stretches the idle actor's back-off: 1,000
+    idle actors poll at idle_polls_per_s in all, not each every 0.5 s."""
+    actor, coordinator, client, storage = idle_actor
+    polls: List[float] = []
+    record = coordinator.state.seen  # what an empty lease answer calls; the real method is still called
+    monkeypatch.setattr(
+        coordinator.state, "seen", lambda worker_id: (polls.append(time.monotonic()), record(worker_id))
+    )
+    time.sleep(2.0)
+    own = len(polls)  # its own back-off: at most 0.5 s between polls
+    coordinator.state.idle_wait_s = 2.0  # what 200 live actors at idle_polls_per_s = 100 would be told
+    time.sleep(1.0)  # its next poll brings the hint
+    before = len(polls)
+    time.sleep(4.0)
+    hinted = len(polls) - before
+    assert own >= 3 and hinted <= 5, (own, hinted)  # 1-3 s between polls now (jittered), where 0.5 s made 8
+    assert actor.tasks_done == LET_IN

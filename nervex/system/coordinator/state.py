@@ -246,7 +246,7 @@ class CoordinatorState:
             # max_pending_collect x n_sample per tick_s whatever the number of actors
             self._ingest_results()
             pending = self._top_up()
-        if ahead and pending < 2 or pending == 0:
+        if pending == 0 or (ahead and pending < 2):
             # a prefetching actor does not take the last waiting task, which an idle actor may need; and with none
             # waiting, the poll changes nothing but the actor's last_seen
             self.seen(worker_id)
