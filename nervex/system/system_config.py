@@ -36,6 +36,7 @@ COORDINATOR_CONFIG: Dict[str, Any] = dict(
     tick_s=Field(0.2, gt=0),  # period of the background pass: expire leases, create collect tasks
     max_pending_collect=Field(4, ge=1),  # collect tasks kept queued for actors (set >= the number of actors)
     idle_polls_per_s=Field(100.0, gt=0),  # lease polls per second of all idle actors together (their wait_s hint)
+    shed_backlog=Field(64, ge=1),  # requests waiting for a thread above which leases answer "no task, wait" (overload)
     n_sample=Field(None, ge=1, kind="int"),  # env steps per collect task; null: the policy's policy.collect.n_sample
     samples_per_insert=Field(None, gt=0, kind="number"),  # off-policy rate limit (Reverb's); null: off
     max_queued_results=Field(64, ge=1),  # results the learner has not polled yet above which no task is created

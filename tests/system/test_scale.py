@@ -10,6 +10,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List
 
@@ -21,7 +22,14 @@ from nervex.system.comm.server import Server
 from nervex.system.coordinator.run_state import RunState
 from nervex.system.coordinator.task_table import TaskTable
 from nervex.system.heartbeat_batch import HeartbeatBatch
-from nervex.system.protocol import HEARTBEAT_PATH, HEARTBEATS_PATH, MAX_BEATS, RUN_FINISH_PATH, TASK_LEASE_PATH
+from nervex.system.protocol import (
+    HEARTBEAT_PATH,
+    HEARTBEATS_PATH,
+    MAX_BEATS,
+    RUN_FINISH_PATH,
+    TASK_COMPLETE_PATH,
+    TASK_LEASE_PATH,
+)
 from nervex.utils import sqlite as sqlite_module
 from nervex.utils.sqlite import Database
 from tests.system.test_coordinator import TOKEN, FakeClock, Harness, make_cfg, refusal
@@ -280,3 +288,48 @@ def test_the_finished_run_is_written_down_before_anyone_is_told_to_stop(harness,
     path.unlink()
     harness()
     assert json.loads(path.read_text())["worker_id"] == "learner0"
+
+
+# --------------------------------------------------------------------------- overload
+
+
+def test_a_server_reports_the_requests_waiting_for_a_thread():
+    release = threading.Event()
+    server = Server("slow", TOKEN, host="127.0.0.1", port=0, threads=1)
+    server.route("/v1/x", ["POST"], lambda body: (release.wait(10), {})[1])
+    server.start()
+    try:
+        assert server.waiting_requests() == 0
+        clients = [Client(server.url, TOKEN, deadline_s=20.0) for _ in range(4)]
+        callers = [threading.Thread(target=client.post, args=("/v1/x", {})) for client in clients]
+        for caller in callers:
+            caller.start()
+        deadline = time.monotonic() + 10
+        while server.waiting_requests() < 3:  # one in the only thread, three waiting
+            assert time.monotonic() < deadline, server.waiting_requests()
+            time.sleep(0.01)
+        release.set()
+        for caller in callers:
+            caller.join(timeout=10)
+        assert server.waiting_requests() == 0
+        for client in clients:
+            client.close()
+    finally:
+        release.set()
+        server.stop()
+
+
+def test_an_overloaded_coordinator_sheds_leases_but_takes_reports(harness):
+    h = harness(shed_backlog=64)
+    h.register("actor0")
+    task = h.lease("actor0")
+    routes = h.coordinator.routes
+    routes.backlog = lambda: 100  # 100 requests waiting for a thread
+    shed = h.post(TASK_LEASE_PATH, {"worker_id": "actor0", "kind": "collect"})
+    assert shed["task"] is None and shed["wait_s"] == pytest.approx(10.0) and routes.shed == 1  # 100 x 0.1 s
+    body = dict(worker_id="actor0", task_id=task["task_id"], lease_id=task["lease_id"], result=h.result())
+    answer = h.post(TASK_COMPLETE_PATH, dict(body, lease_next="collect"))
+    assert answer["accepted"] is True and answer["next"]["task"] is None  # the report is taken, no new work given
+    assert h.status()["collect"]["pending"] >= 1  # the tasks wait for the backlog to drain
+    routes.backlog = lambda: 64
+    assert h.lease("actor0") is not None

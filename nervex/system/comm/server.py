@@ -218,6 +218,11 @@ class Server:
             wasyncore.close_all(socket_map)
         server.task_dispatcher.shutdown(cancel_pending=True, timeout=timeout_s)
 
+    def waiting_requests(self) -> int:
+        """Requests received whole and waiting for a worker thread (0 when not serving): how far behind it is."""
+        server = self._server
+        return len(server.task_dispatcher.queue) if server is not None else 0
+
     def __enter__(self) -> Server:
         return self if self._server is not None else self.start()
 

@@ -38,6 +38,10 @@ from nervex.system.protocol import (
 )
 
 Handler = Callable[[Any], Dict[str, Any]]
+SHED_WAIT_PER_REQUEST_S = 0.1
+"""An actor refused a lease for the backlog waits this long per waiting request. Of 0.01, 0.03 and 0.1 s, 0.1 kept the
+most goodput with 1,000 actors at 4x capacity (175 tasks/s, p99 368 ms; bench/coordinator_load.py): a shed actor's
+next poll costs a request too."""
 
 
 class CoordinatorRoutes:
@@ -49,6 +53,10 @@ class CoordinatorRoutes:
 
     def __init__(self, state: CoordinatorState) -> None:
         self.state = state
+        self.backlog: Callable[[], int] = lambda: 0
+        """Requests waiting for a thread of the server (``Server.waiting_requests``, wired by the coordinator)."""
+        self.shed = 0
+        """Leases answered "no task" because of the backlog."""
 
     def handlers(self) -> Dict[str, Handler]:
         """Each route's path and handler (a handler takes the decoded JSON body and returns the answer)."""
@@ -165,20 +173,25 @@ class CoordinatorRoutes:
         if self.state.is_finished():
             self.state.seen(worker_id)
             return {"task": None, "stop": True}
+        backlog = self.backlog()
+        if backlog > self.state.settings.shed_backlog:
+            # overloaded: no new work until the queue drains, so reports and heartbeats (whose leases would run out
+            # behind it) get through; the actor waits about the time the backlog takes
+            self.shed += 1
+            self.state.seen(worker_id)
+            wait_s = max(self.state.idle_wait_s, backlog * SHED_WAIT_PER_REQUEST_S)
+            return {"task": None, "stop": False, "wait_s": wait_s, **self._snapshot_hint()}
         task = self.state.lease(worker_id, kind, request_id, ahead)
         if task is None and kind == "collect":
             # no task now (the rate limiter, a full queue): the snapshot the next task would name, so an idle actor
             # loads it while it waits instead of after its next lease
             # (and how long to wait before asking again: the idle actors' polls together stay at idle_polls_per_s)
-            choice = self.state.next_choice()
-            return {
-                "task": None,
-                "stop": False,
-                "snapshot": choice.snapshot,
-                "policy_iter": choice.policy_iter,
-                "wait_s": self.state.idle_wait_s,
-            }
+            return {"task": None, "stop": False, "wait_s": self.state.idle_wait_s, **self._snapshot_hint()}
         return {"task": task, "stop": False}
+
+    def _snapshot_hint(self) -> Dict[str, Any]:
+        choice = self.state.next_choice()
+        return {"snapshot": choice.snapshot, "policy_iter": choice.policy_iter}
 
     def complete(self, body: Any) -> Dict[str, Any]:
         """``/v1/task/complete``: a task's result (accepted once), and with ``lease_next`` the next task's lease."""

@@ -97,6 +97,9 @@ class Coordinator:
         self._thread: Optional[threading.Thread] = None
         self._server: Optional[Server] = None
         self._state: Optional[CoordinatorState] = None
+        self.routes: Optional[CoordinatorRoutes] = None
+        """The request checking in front of the state, once listening (its ``shed`` counts leases refused under
+        overload)."""
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> Coordinator:
@@ -233,7 +236,9 @@ class Coordinator:
             request_s=float(settings.request_timeout_s),
         )
         server = Server("coordinator", token, host=self._host, port=port, logger=self.logger, limits=limits)
-        for path, handler in CoordinatorRoutes(self.state).handlers().items():
+        routes = self.routes = CoordinatorRoutes(self.state)
+        routes.backlog = server.waiting_requests  # leases are shed while the server is far behind
+        for path, handler in routes.handlers().items():
             server.route(path, ["POST"], handler)
         return server
 
