@@ -21,9 +21,10 @@ first sending leased. A background thread (every ``tick_s``) expires leases and 
 Which policy snapshot a new collect task names is a seam (``SnapshotSource``): the league manager's choice while it is
 alive, else the learner's newest.
 
-The layers: ``Coordinator`` (here) wires ``CoordinatorRoutes`` (request checking, ``routes.py``) to
-``CoordinatorState`` (transitions, back-pressure, task creation, the sweep; ``state.py``) over ``TaskTable``
-(``task_table.py``), ``RunState`` (``run_state.py``) and the run's ``Storage``.
+The layers: ``Coordinator`` (here) wires ``CoordinatorRoutes`` (request checking, load shedding, ``routes.py``) to
+``CoordinatorState`` (transitions and the sweep, ``state.py``; back-pressure and task creation, ``supply.py``) over
+``TaskTable`` (``task_table.py``; its workers' records and heartbeats in ``workers.py``), ``RunState``
+(``run_state.py``) and the run's ``Storage``.
 """
 
 from __future__ import annotations

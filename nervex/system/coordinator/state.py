@@ -19,7 +19,6 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from nervex.system.comm.errors import ProtocolError
 from nervex.system.comm.storage import Storage
-from nervex.system.coordinator import backpressure
 from nervex.system.coordinator.run_state import MAX_ROW_ENV_STEPS, RunState
 from nervex.system.coordinator.snapshots import (
     LatestLearnerSnapshot,
@@ -27,6 +26,7 @@ from nervex.system.coordinator.snapshots import (
     SnapshotChoice,
     SnapshotSource,
 )
+from nervex.system.coordinator.supply import RETRY_AFTER_S, TaskSupply
 from nervex.system.coordinator.task_table import TaskTable
 from nervex.system.protocol import PROTOCOL_VERSION, RUN_FINISHED_FILE, write_run_finished
 from nervex.system.system_config import collect_spec, learning_starts
@@ -36,8 +36,6 @@ SWEEP_S = 30.0
 less)."""
 MAX_IDLE_WAIT_S = 30.0
 """The longest wait a "no task" lease answer asks of an idle actor."""
-RETRY_AFTER_S = 1.0
-"""What a 429 or 507 tells the client to wait before sending again."""
 LEASE_ROLES: Dict[str, Tuple[str, ...]] = {"collect": ("actor", "manager")}
 """Who may lease each kind of task (a manager relays tasks to the actors of its node)."""
 
@@ -46,7 +44,7 @@ class CoordinatorError(RuntimeError):
     """The coordinator cannot start on this run directory (it was started there with another config)."""
 
 
-class CoordinatorState:
+class CoordinatorState(TaskSupply):
     """The coordinator's durable state and its transitions.
 
     Args:
@@ -448,90 +446,6 @@ class CoordinatorState:
                     len(bad),
                     ", ".join(map(str, bad[:10])),
                 )
-
-    # ---- back-pressure and task creation --------------------------------------------------------------------
-    def _refuse_if_backpressured(self, task_id: str) -> None:
-        """429 while too many results wait for the learner, 507 while the disk is nearly full: nothing recorded."""
-        queued = self.queued_results()
-        if queued >= self.hard_queued_results:
-            raise ProtocolError(
-                429,
-                f"{queued} collect results wait for the learner (system.coordinator.hard_queued_results = "
-                f"{self.hard_queued_results}); task {task_id!r} not recorded: keep its data and send again",
-                field="result",
-                retry_after=RETRY_AFTER_S,
-            )
-        free = self._free_bytes()
-        if free < self.settings.min_free_bytes:
-            raise ProtocolError(
-                507,
-                f"{free} bytes free under the storage root or run dir, below system.coordinator.min_free_bytes = "
-                f"{self.settings.min_free_bytes}; task {task_id!r} not recorded: keep its data and send again",
-                field="result",
-                retry_after=RETRY_AFTER_S,
-            )
-
-    def _free_bytes(self) -> int:
-        return min(backpressure.free_bytes(self.storage.root), backpressure.free_bytes(self.run_dir))
-
-    def _top_up(self) -> int:
-        """Create the collect tasks the limits allow; returns how many."""
-        if self.is_finished():
-            return 0
-        count = self._collect_budget()
-        if count <= 0:
-            return 0
-        first = int(self.run_state.get("next_task_index", 0))
-        self.run_state.put("next_task_index", first + count)  # before the tasks: a crash in between skips indices
-        choice = self.snapshot_source.choose()
-        payload = {
-            "unit": self._collect.unit,
-            "n": self._collect.n,
-            "restart_envs": self._collect.restart_envs,
-            "snapshot": choice.snapshot,
-            "policy_iter": choice.policy_iter,
-        }
-        tasks = [(f"collect-{index:08d}", dict(payload, task_index=index)) for index in range(first, first + count)]
-        self.table.add_tasks("collect", tasks)
-        return count
-
-    def _collect_budget(self) -> int:
-        if self.queued_results() >= self.settings.max_queued_results:
-            return 0
-        if self._free_bytes() < self.settings.min_free_bytes:
-            return 0
-        pending = self.table.pending_count("collect")
-        return backpressure.collect_budget(
-            pending=pending,
-            max_pending=self.settings.max_pending_collect,
-            in_flight=pending + self.table.count(state="leased", kind="collect"),
-            task_env_steps=self._task_env_steps(),
-            accepted_env_steps=self.run_state.env_steps,
-            max_env_step=self.cfg.max_env_step,
-            insert_limit=self._insert_limit(),
-        )
-
-    def _insert_limit(self) -> Optional[float]:
-        """Reverb's samples-per-insert limit on accepted plus in-flight env steps; None without one."""
-        spi = self.settings.samples_per_insert
-        if spi is None:
-            return None
-        learner = self.learner_progress()
-        limit = self._learning_starts + learner.get("sampled", 0) / spi
-        if learner.get("buffer_size") is not None:
-            # Reverb's min_size_to_sample: a learner whose replay buffer holds fewer than learning_starts samples (a
-            # restarted learner's is empty) is not held back by what it sampled before; it is refilled up to there
-            deficit = max(0, self._learning_starts - int(learner["buffer_size"]))
-            limit = max(limit, int(learner.get("env_step", 0)) + deficit)
-        return limit
-
-    def _task_env_steps(self) -> int:
-        """Env steps one collect task takes: ``n`` samples, ``n`` steps of every env, or unknown (episodes)."""
-        if self._collect.unit == "sample":
-            return self._collect.n
-        if self._collect.unit == "rollout":
-            return self._collect.n * int(self.cfg.env.collector_env_num)
-        return 0
 
 
 __all__ = ["CoordinatorError", "CoordinatorState", "LEASE_ROLES", "MAX_IDLE_WAIT_S", "RETRY_AFTER_S", "SWEEP_S"]
