@@ -47,7 +47,6 @@ class HeartbeatBatch:
         self._answers: Dict[str, Dict[str, Any]] = {}  # actor id -> the coordinator's answer to its last sent beat
         self.stop = False
         """The coordinator's ``stop`` at the last flush."""
-        self.flushes = 0
         self._thread: Optional[threading.Thread] = None
         self._closing = threading.Event()
 
@@ -97,7 +96,6 @@ class HeartbeatBatch:
             for worker_id in beats:
                 self._answers[worker_id] = answers.get(worker_id, {})
             self.stop = bool(answer.get("stop", False)) if isinstance(answer, dict) else self.stop
-            self.flushes += 1
         return len(beats)
 
     def start(self, flush_s: float) -> None:

@@ -13,7 +13,7 @@ import sqlite3
 from typing import Any, Callable, Dict
 
 from nervex.system.comm.errors import ProtocolError
-from nervex.system.coordinator.state import CoordinatorState
+from nervex.system.coordinator.state import MAX_IDLE_WAIT_S, CoordinatorState
 from nervex.system.protocol import (
     DATA_POLL_PATH,
     HEARTBEAT_PATH,
@@ -179,7 +179,7 @@ class CoordinatorRoutes:
             # behind it) get through; the actor waits about the time the backlog takes
             self.shed += 1
             self.state.seen(worker_id)
-            wait_s = max(self.state.idle_wait_s, backlog * SHED_WAIT_PER_REQUEST_S)
+            wait_s = min(MAX_IDLE_WAIT_S, max(self.state.idle_wait_s, backlog * SHED_WAIT_PER_REQUEST_S))
             return {"task": None, "stop": False, "wait_s": wait_s, **self._snapshot_hint()}
         task = self.state.lease(worker_id, kind, request_id, ahead)
         if task is None and kind == "collect":
