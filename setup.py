@@ -43,7 +43,24 @@ setup(
             "lbforaging>=2.0",
             "vmas>=1.5",
             "scipy>=1.10",
+            # the tools (video, plot, W&B, tune) and the SUMO application, so their tests run in CI
+            "moviepy>=2.0",
+            "imageio[ffmpeg]>=2.14",
+            "matplotlib>=3.5",
+            "wandb>=0.17",
+            "optuna>=3.6",
+            "eclipse-sumo>=1.20",
+            "libsumo>=1.20",
+            "sumo-rl>=1.4.5",
         ],
+        # nervex -m eval --video: gymnasium's RecordVideo writes mp4 through moviepy and imageio's ffmpeg
+        "video": ["moviepy>=2.0", "imageio[ffmpeg]>=2.14"],
+        "plot": ["matplotlib>=3.5"],  # nervex plot
+        "wandb": ["wandb>=0.17"],  # logger.wandb
+        "tune": ["optuna>=3.6"],  # nervex -m tune
+        "tools": ["moviepy>=2.0", "imageio[ffmpeg]>=2.14", "matplotlib>=3.5", "wandb>=0.17", "optuna>=3.6"],
+        # app_zoo/sumo: SUMO traffic-signal control through sumo-rl; libsumo steps the simulation in process
+        "sumo": ["eclipse-sumo>=1.20", "libsumo>=1.20", "sumo-rl>=1.4.5"],
         "fast": [],  # kept for old install commands: numba, which it used to add, is now a dependency
         "bench": [
             "stable-baselines3>=2.3",

@@ -175,13 +175,46 @@ class GymEnv(BaseEnv):
         self._episode_len = 0
         self._game_goes_on = False  # the last done said info['game_over'] = False: keep the episode figures
         self._reward_shape: Optional[Tuple[int, ...]] = None  # (n,): the env declares a vector reward_space
+        self._render_mode: Optional[str] = None  # enable_rendering: gymnasium.make's render_mode
+        self._wrap_bare: Optional[Callable[[gym.Env], gym.Env]] = None  # enable_rendering: around the bare env
 
     # ---- building ---------------------------------------------------------------------------------------------
     def _make_gym_env(self) -> gym.Env:
-        """Build the Gymnasium env: ``gymnasium.make`` on the spec without its default wrappers, then ``wrappers``."""
+        """Build the Gymnasium env: :meth:`_make_bare_env` with ``env_kwargs``, then ``wrappers``."""
+        return apply_wrappers(self._make_bare_env(dict(self._cfg["env_kwargs"])), self._wrappers)
+
+    def _make_bare_env(self, kwargs: Dict[str, Any]) -> gym.Env:
+        """``gymnasium.make`` on the spec without its default wrappers (time limit, order, checker), with the render
+        mode and the wrapper :meth:`enable_rendering` asked for. Subclasses that override ``_make_gym_env`` build the
+        bare env through this, so that rendering works for them too."""
         bare = dataclasses.replace(self._spec, max_episode_steps=None, order_enforce=False, disable_env_checker=True)
-        env = gym.make(bare, **dict(self._cfg["env_kwargs"]))
-        return apply_wrappers(env, self._wrappers)
+        if self._render_mode is not None:
+            kwargs = {**kwargs, "render_mode": self._render_mode}
+        env = gym.make(bare, **kwargs)
+        return env if self._wrap_bare is None else self._wrap_bare(env)
+
+    # ---- rendering --------------------------------------------------------------------------------------------
+    def render_modes(self) -> Tuple[str, ...]:
+        """The render modes the Gymnasium env declares (``metadata['render_modes']``); builds the env if needed."""
+        return tuple(self.gym_env.metadata.get("render_modes") or ())
+
+    def video_fps(self) -> Optional[float]:
+        """Frames per second at which the bare env's rendered frames play in real time (``metadata['render_fps']``;
+        None when the env does not say)."""
+        return self.gym_env.metadata.get("render_fps")
+
+    def enable_rendering(
+        self, render_mode: str = "rgb_array", wrap_bare: Optional[Callable[[gym.Env], gym.Env]] = None
+    ) -> None:
+        """Build the Gymnasium env with ``render_mode``, and with ``wrap_bare`` around the bare env, inside this env's
+        other wrappers: a video recorder there sees every frame the game renders (Atari: every emulator frame, in
+        colour, before the DeepMind preprocessing). Closes the env if it is built: the next ``reset`` builds it anew.
+
+        ``wrap_bare`` is usually a closure, which does not pickle: rendering is for an env stepped in this process.
+        """
+        self.close()
+        self._render_mode = render_mode
+        self._wrap_bare = wrap_bare
 
     def _build(self) -> gym.Env:
         env = self._make_gym_env()

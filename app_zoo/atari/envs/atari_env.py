@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
 import gymnasium as gym
@@ -14,6 +13,7 @@ from nervex.utils import ENV_REGISTRY
 from .atari_wrappers import EpisodicLifeWrapper, wrap_deepmind
 
 INSTALL_HINT = "pip install -e .[atari]"
+ATARI_FPS = 60.0  # frames the console draws per second (NTSC)
 
 
 def import_ale() -> Any:
@@ -94,9 +94,9 @@ class AtariEnv(GymEnv):
         kwargs = dict(cfg["env_kwargs"])
         # ALE's own luma is cheaper than converting RGB frames (Dopamine and Gymnasium pool grayscale frames too)
         kwargs.setdefault("obs_type", "grayscale" if cfg["grayscale"] else "rgb")
-        # as GymEnv does: without Gymnasium's time-limit/order/checker layers, whose work GymEnv does itself
-        bare = dataclasses.replace(self._spec, max_episode_steps=None, order_enforce=False, disable_env_checker=True)
-        env = gym.make(bare, **kwargs)
+        # as GymEnv does: without Gymnasium's time-limit/order/checker layers, whose work GymEnv does itself; a video
+        # recorder (enable_rendering) wraps the bare ALE env, so it records every emulator frame in colour
+        env = self._make_bare_env(kwargs)
         env = wrap_deepmind(
             env,
             noop_max=cfg["noop_max"],
@@ -111,6 +111,13 @@ class AtariEnv(GymEnv):
         )
         self._life_wrapper = _find_wrapper(env, EpisodicLifeWrapper)
         return apply_wrappers(env, self._wrappers)
+
+    def video_fps(self) -> float:
+        """The real-time speed of the bare env's frames: the Atari 2600 draws 60 frames a second, and an ALE id with
+        its own frame skip (``ALE/Pong-v5``: 4) returns one of every ``frameskip`` (ALE's ``render_fps``, 30, is a
+        display default, not the game's speed)."""
+        frameskip = {**self._spec.kwargs, **self._cfg["env_kwargs"]}.get("frameskip", 1)
+        return ATARI_FPS / frameskip if isinstance(frameskip, int) and frameskip >= 1 else ATARI_FPS
 
     def reset(self) -> Any:
         """Start an episode (right after a lost life: go on with the same game) and return its first observation."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+import os
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import gymnasium as gym
 
 from nervex.envs import GymEnv
 from nervex.utils import ENV_REGISTRY
@@ -50,3 +53,14 @@ class MujocoEnv(GymEnv):
     def __init__(self, cfg: Optional[Mapping[str, Any]] = None) -> None:
         import_mujoco()
         super().__init__(cfg)
+
+    def enable_rendering(
+        self, render_mode: str = "rgb_array", wrap_bare: Optional[Callable[[gym.Env], gym.Env]] = None
+    ) -> None:
+        """As ``GymEnv.enable_rendering``; without a display (no ``DISPLAY``/``WAYLAND_DISPLAY``) and with no
+        ``MUJOCO_GL`` set, renders off screen through EGL (``MUJOCO_GL=egl``): Gymnasium's default tries GLFW, which
+        needs a display. Set ``MUJOCO_GL=osmesa`` where EGL is missing."""
+        headless = not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+        if render_mode != "human" and headless and not os.environ.get("MUJOCO_GL"):
+            os.environ["MUJOCO_GL"] = "egl"  # read when the first frame is rendered, so setting it now is in time
+        super().enable_rendering(render_mode, wrap_bare)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
 import gymnasium as gym
@@ -42,7 +41,6 @@ class CartPoleNoVelEnv(GymEnv):
             raise ValueError(f"cartpole_no_vel config key 'env_id': {e.args[0]}") from None
 
     def _make_gym_env(self) -> gym.Env:
-        # as GymEnv does: without Gymnasium's time-limit/order/checker layers, whose work GymEnv does itself
-        bare = dataclasses.replace(self._spec, max_episode_steps=None, order_enforce=False, disable_env_checker=True)
-        env = MaskObservation(gym.make(bare, **dict(self._cfg["env_kwargs"])), self._velocity_indices)
+        # GymEnv's bare env (no time-limit/order/checker layers; rendering when asked), observations masked
+        env = MaskObservation(self._make_bare_env(dict(self._cfg["env_kwargs"])), self._velocity_indices)
         return apply_wrappers(env, self._wrappers)
