@@ -594,82 +594,65 @@ def render_table(lines: Sequence[str]) -> str:
 
 
 # ---- curves ----------------------------------------------------------------------------------------------------------
+# The statistics and the drawing are nervex plot's (nervex/tools/curves.py, nervex/tools/plot.py); these two wrappers
+# keep this script's names for a record's curve dicts.
 def bootstrap_ci(
     values: np.ndarray, n_resamples: int = 2000, level: float = 0.95, seed: int = 0
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean over seeds and a percentile bootstrap confidence interval (seeds resampled with replacement).
-
-    Args:
-        values: One curve per seed on a common grid.
-        n_resamples: Bootstrap resamples.
-        level: Coverage of the interval.
-        seed: Seed of the resampling rng (fixed, so a re-render draws the same band).
-
-    Returns:
-        ``(mean, low, high)``, each of shape ``(n_points,)``.
+    """``(mean, low, high)`` over seeds: ``nervex.tools.curves.mean_band`` at coverage ``level`` (a fraction).
 
     Shapes:
-        values: ``(n_seeds, n_points)``.
+        values: ``(n_seeds, n_points)``; each output: ``(n_points,)``.
     """
-    values = np.asarray(values, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, values.shape[0], size=(n_resamples, values.shape[0]))
-    means = values[idx].mean(axis=1)
-    tail = (1.0 - level) / 2.0 * 100.0
-    low, high = np.percentile(means, [tail, 100.0 - tail], axis=0)
-    return values.mean(axis=0), low, high
+    from nervex.tools.curves import mean_band
+
+    return mean_band(values, ci=100.0 * level, n_resamples=n_resamples, seed=seed)
 
 
 def curves_on_grid(curves: Sequence[Mapping[str, Sequence[float]]], grid: np.ndarray) -> np.ndarray:
     """Each seed's evaluation curve linearly interpolated onto ``grid``; NaN before its first evaluation, its last
     value held after its last one (a seed that stopped at the threshold keeps its last evaluation)."""
-    out = np.full((len(curves), len(grid)), np.nan)
-    for i, curve in enumerate(curves):
-        x, y = np.asarray(curve["env_step"], float), np.asarray(curve["mean_reward"], float)
-        if len(x) == 0:
-            continue
-        inside = grid >= x[0]
-        out[i, inside] = np.interp(grid[inside], x, y)
-    return out
+    from nervex.tools.curves import interpolate
+
+    rows = [interpolate(c["env_step"], c["mean_reward"], grid, hold_last=True) for c in curves]
+    return np.stack(rows) if rows else np.full((0, len(grid)), np.nan)
 
 
 def plot_row(row: Row, libs: Mapping[str, Sequence[Mapping[str, Any]]], path: str) -> None:
-    """Mean and 95% bootstrap CI of the evaluation curves over seeds, both libraries, threshold dashed."""
-    import matplotlib
+    """Mean and 95% bootstrap CI of the evaluation curves over seeds, both libraries, threshold dashed (drawn by
+    ``nervex.tools.plot.draw_curves``; seeds that stopped at the threshold hold their last evaluation)."""
+    from nervex.tools.curves import group_curve
+    from nervex.tools.plot import draw_curves
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = {"nervex": "tab:blue", "sb3": "tab:orange"}
+    groups, group_colors = [], []
     for lib in LIBS:
-        recs = libs.get(lib)
+        recs = [r for r in libs.get(lib, []) if r["curve"]["env_step"]]
         if not recs:
             continue
-        end = max(max(r["curve"]["env_step"], default=0) for r in recs)
-        grid = np.linspace(0, end, 400)
-        vals = curves_on_grid([r["curve"] for r in recs], grid)
-        keep = ~np.isnan(vals).any(axis=0)
-        if not keep.any():
-            continue
-        mean, low, high = bootstrap_ci(vals[:, keep])
-        label = f"{LIB_NAMES[lib]} ({len(recs)} seeds)"
-        ax.plot(grid[keep], mean, color=colors[lib], label=label)
-        ax.fill_between(grid[keep], low, high, color=colors[lib], alpha=0.25, linewidth=0)
-    ax.axhline(row.threshold, color="gray", linestyle="--", linewidth=1, label=f"threshold {row.threshold:g}")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel(f"greedy evaluation mean return ({_n_eval(libs)} episodes)")
+        curves = [
+            (np.asarray(r["curve"]["env_step"], float), np.asarray(r["curve"]["mean_reward"], float)) for r in recs
+        ]
+        names = [f"seed {r['seed']}" for r in recs]
+        groups.append(group_curve(LIB_NAMES[lib], curves, names, n_points=400, hold_last=True))
+        group_colors.append(colors[lib])
     peer = "rl-zoo settings" if row.zoo_entry is not None else "SB3 defaults"
-    ax.set_title(f"{row.env_id}, {row.algo}: nervex vs SB3 ({peer})")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
     caption = "mean and 95% bootstrap CI over seeds"
     if any(r["until"] == "threshold" for recs in libs.values() for r in recs):
         caption += "; runs stopped at the threshold hold their last evaluation"
-    fig.text(0.01, 0.01, caption, fontsize=7, color="gray")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    draw_curves(
+        groups,
+        path,
+        xlabel="env steps",
+        ylabel=f"greedy evaluation mean return ({_n_eval(libs)} episodes)",
+        title=f"{row.env_id}, {row.algo}: nervex vs SB3 ({peer})",
+        show_runs=False,
+        hlines=[(row.threshold, f"threshold {row.threshold:g}")],
+        caption=caption,
+        colors=group_colors,
+        legend_loc="lower right",
+        run_word="seed",
+    )
 
 
 def _n_eval(libs: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
