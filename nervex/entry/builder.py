@@ -22,6 +22,7 @@ from nervex.config import compile_config as compile_with_parts
 from nervex.config.config import config_source
 from nervex.utils import ENV_MANAGER_REGISTRY, POLICY_REGISTRY
 from nervex.utils.import_helper import import_modules
+from nervex.utils.wandb_logger import LOGGER_CONFIG, check_logger_config
 
 # Keys of the ``env`` section that belong to the pipeline; the env class declares the rest.
 ENV_PIPELINE_DEFAULTS: Dict[str, Any] = dict(
@@ -146,12 +147,13 @@ def _serial_parts(cfg: Mapping[str, Any], source: Optional[str]) -> Tuple[Config
     else:
         buffer_cls = BUFFER_REGISTRY.get(contract.buffer_type)
         sections["replay_buffer"] = merge_defaults(buffer_cls.config, contract.buffer_defaults)
-    sections.update(learner=BaseLearner, actor=SerialActor, evaluator=SerialEvaluator)
+    sections.update(learner=BaseLearner, actor=SerialActor, evaluator=SerialEvaluator, logger=LOGGER_CONFIG)
+    checks = [_model_check(policy_cls), _resolve_on_policy(policy_cls), _check_on_policy_manager, check_slots]
     parts = ConfigParts(
         sections=sections,
         open_sections=[] if policy_cls.declares_config() else ["policy"],
         absent=absent,
-        checks=[_model_check(policy_cls), _resolve_on_policy(policy_cls), _check_on_policy_manager, check_slots],
+        checks=checks + [check_logger_config],
     )
     return parts, policy_cls
 

@@ -85,7 +85,11 @@ class SerialTrainer:
         self.run_dir = os.path.join(run_root, exp_name or cfg.exp_name or default_exp_name(cfg, self.seed))
         os.makedirs(os.path.join(self.run_dir, "ckpt"), exist_ok=True)
         self.logger = build_logger(self.run_dir)
-        self.scalar_writer = ScalarWriter(self.run_dir)
+        try:
+            self.scalar_writer = ScalarWriter(self.run_dir, cfg, self.logger)  # + W&B when logger.wandb says so
+        except ImportError:
+            close_logger(self.logger)
+            raise
         self._closed = True
         self._env_managers: list = []
         try:

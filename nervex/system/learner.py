@@ -92,6 +92,8 @@ class LearnerRole:
         set_seed(self.seed)
         if self.cfg.num_threads:
             torch.set_num_threads(int(self.cfg.num_threads))
+        # rank 0 alone writes TensorBoard and W&B (logger.wandb); first, so a missing wandb package leaves nothing open
+        self.scalar_writer = ScalarWriter(run_dir if self.is_main else None, self.cfg, self.logger)
         self.storage = Storage(storage_root(self.cfg, run_dir), min_free_bytes=0)
         self.link = (
             RoleLink(self.cfg, run_dir, "learner", worker_id, url=url, token=token, logger=self.logger)
@@ -99,7 +101,6 @@ class LearnerRole:
             else None
         )
         os.makedirs(os.path.join(run_dir, "ckpt"), exist_ok=True)
-        self.scalar_writer = ScalarWriter(run_dir if self.is_main else None)
         self._env_managers: List[Any] = []
         self._build()
         self._init_state()

@@ -105,7 +105,7 @@ LOCAL_KEYS = frozenset({"host", "port", "root"})
 
 
 # ---- config -------------------------------------------------------------------------------------------------------
-RUN_SECTIONS = ("env", "policy", "replay_buffer", "learner", "actor", "evaluator")
+RUN_SECTIONS = ("env", "policy", "replay_buffer", "learner", "actor", "evaluator", "logger")
 """The sections of a run config besides ``system`` (``nervex.entry.config_parts`` declares what validates each)."""
 
 
@@ -210,7 +210,8 @@ def _first_uncompiled_key(cfg: Mapping[str, Any]) -> Optional[str]:
     for key in COLLECT_CONFIG:
         if collect.get(key) is None:
             return f"system.collect.{key}"
-    for key in list(TOP_LEVEL_DEFAULTS) + [s for s in RUN_SECTIONS if s != "replay_buffer"]:
+    # no replay_buffer for on-policy data; no logger in a run compiled before the section existed
+    for key in list(TOP_LEVEL_DEFAULTS) + [s for s in RUN_SECTIONS if s not in ("replay_buffer", "logger")]:
         if key not in cfg:
             return key
     return None

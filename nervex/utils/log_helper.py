@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any, Dict, List, Mapping, Optional
 
+from nervex.utils.wandb_logger import WandbRun, wandb_settings
+
 
 def build_logger(run_dir: Optional[str], name: str = "nervex", level: int = logging.INFO) -> logging.Logger:
     """A logger writing to ``run_dir/log.txt`` and to stderr, one per run directory.
@@ -39,24 +41,49 @@ def close_logger(logger: logging.Logger) -> None:
 
 
 class ScalarWriter:
-    """TensorBoard scalars with slash names (``train/loss``) against env steps; created on first use.
+    """Scalars with slash names (``train/loss``) against env steps: TensorBoard, and W&B when the config asks.
+
+    TensorBoard's writer is created on first use; so is the W&B run (``nervex.utils.wandb_logger.WandbRun``), which
+    gets the same names, ``env_step`` as its x-axis and the resolved config.
 
     Args:
         run_dir: Where the event files go; None disables writing (the figures are still kept in ``latest``).
+        cfg: The run's compiled config: its ``logger.wandb`` section turns W&B on (ignored without ``run_dir``).
+        logger: Where the one warning about a W&B failure goes.
+
+    Raises:
+        ImportError: ``logger.wandb.mode`` is online or offline and the wandb package is missing.
     """
 
-    def __init__(self, run_dir: Optional[str]) -> None:
+    def __init__(
+        self,
+        run_dir: Optional[str],
+        cfg: Optional[Mapping[str, Any]] = None,
+        logger: Optional[logging.Logger] = None,
+    ) -> None:
         self._run_dir = run_dir
         self._writer: Any = None
         self.latest: Dict[str, float] = {}
+        self.wandb: Optional[WandbRun] = None
+        settings = wandb_settings(cfg) if run_dir is not None else None
+        if settings is not None:
+            self.wandb = WandbRun(settings, run_dir, config=cfg, logger=logger)
 
     def add_scalars(self, scalars: Mapping[str, Any], step: int) -> None:
-        """Write every numeric value of ``scalars`` at x = ``step``."""
-        for key, value in scalars.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.latest[key] = float(value)
-                if self._run_dir is not None:
-                    self._get_writer().add_scalar(key, float(value), int(step))
+        """Write every numeric value of ``scalars`` at x = ``step`` (the env step)."""
+        numeric = {
+            key: float(value)
+            for key, value in scalars.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        }
+        self.latest.update(numeric)
+        if self._run_dir is None or not numeric:
+            return
+        writer = self._get_writer()
+        for key, value in numeric.items():
+            writer.add_scalar(key, value, int(step))
+        if self.wandb is not None:
+            self.wandb.log(numeric, int(step))
 
     def _get_writer(self) -> Any:
         if self._writer is None:
@@ -74,6 +101,8 @@ class ScalarWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self.wandb is not None:
+            self.wandb.close()
 
 
 class CsvWriter:
