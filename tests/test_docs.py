@@ -11,7 +11,9 @@ from nervex.entry import compile_config, compile_parallel_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # every shipped config (app_zoo registers its envs on import: Atari and MuJoCo ones compile without their extras)
 CONFIGS = sorted(
-    os.path.relpath(path, ROOT) for path in glob.glob(os.path.join(ROOT, "app_zoo", "**", "*.yaml"), recursive=True)
+    os.path.relpath(path, ROOT)
+    for path in glob.glob(os.path.join(ROOT, "app_zoo", "**", "*.yaml"), recursive=True)
+    if not path.endswith("_space.yaml")  # a search space of `nervex -m tune`, not a config
 )
 
 
