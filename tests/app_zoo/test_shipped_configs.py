@@ -9,8 +9,12 @@ from nervex.config import apply_overrides, read_config
 from nervex.entry import SerialTrainer, compile_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS = sorted(glob.glob(os.path.join(ROOT, "app_zoo", "**", "config", "*.yaml"), recursive=True))
-NEEDS = {"atari": "ale_py", "box2d": "Box2D", "mujoco": "mujoco"}
+CONFIGS = sorted(
+    path
+    for path in glob.glob(os.path.join(ROOT, "app_zoo", "**", "config", "*.yaml"), recursive=True)
+    if not path.endswith("_space.yaml")  # a search space of `nervex -m tune`, not a config
+)
+NEEDS = {"atari": "ale_py", "box2d": "Box2D", "mujoco": "mujoco", "sumo": "libsumo"}
 
 
 def shrink(cfg):
@@ -18,7 +22,9 @@ def shrink(cfg):
     compiled config: on-policy or not, and the collect and learn keys the policy has)."""
     compiled = compile_config(cfg)
     collect, learn = compiled.policy.collect, compiled.policy.learn
-    over = ["env.collector_env_num=2", "env.evaluator_env_num=1", "env.manager_type=base", "evaluator.n_episode=1"]
+    libsumo = compiled.env.env_type in ("sumo", "sumo_grid")  # one simulation per process: keep its workers
+    over = ["env.collector_env_num=2", "env.evaluator_env_num=1", "evaluator.n_episode=1"]
+    over += ["env.num_seconds=100"] if libsumo else ["env.manager_type=base"]
     over += ["evaluator.eval_freq=1000000", "learner.hook.log_show_after_iter=0"]
     if compiled.policy.on_policy:
         over += ["policy.learn.epoch_per_collect=2", "policy.learn.batch_size=8"]
