@@ -1,7 +1,7 @@
 """Loading ``sumo_rl`` on ``libsumo``, the PettingZoo shim, the shipped scenarios and the one-simulation rule.
 
 ``libsumo`` runs SUMO inside the Python process (about 16x the steps per second of TraCI's socket on the single
-intersection, ``bench/sumo.py``), but it holds **one simulation per process**. :class:`LibsumoSlot` is the process's
+intersection, ``bench/sumo_signals.py``), but it holds **one simulation per process**. :class:`LibsumoSlot` is the process's
 record of who holds it: a second SUMO env of this package in the same process raises
 :class:`LibsumoBusyError` naming the holder and the fix (one env per subprocess worker) instead of silently
 restarting the first env's simulation.

@@ -16,8 +16,8 @@ Parts (each saves JSON records under ``bench/results/sumo/``; ``--report`` print
 - ``train``: each algorithm and training seed trains for ``--steps`` env steps (the config otherwise as shipped),
   then its final greedy policy plays the eval seeds.
 
-    python bench/sumo.py --part speed baselines train --algos dqn --seeds 0 1 2 --steps 30000
-    python bench/sumo.py --report
+    python bench/sumo_signals.py --part speed baselines train --algos dqn --seeds 0 1 2 --steps 30000
+    python bench/sumo_signals.py --report
 """
 
 from __future__ import annotations
@@ -40,9 +40,8 @@ import numpy as np
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH_DIR)
-# this file is named like the eclipse-sumo package: with bench/ on sys.path (python puts a script's folder first)
-# `import sumo` would import this script again
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != BENCH_DIR]
+# not named sumo.py: with bench/ on sys.path (a script's folder, or the bench harness tests'), `import sumo` would
+# import the script instead of the eclipse-sumo package
 sys.path.insert(0, ROOT)
 
 RESULTS_DIR = os.path.join(BENCH_DIR, "results", "sumo")
@@ -98,7 +97,7 @@ def machine() -> Dict[str, Any]:
 
 
 def command_line() -> str:
-    return "python bench/sumo.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    return "python bench/sumo_signals.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def save(name: str, record: Dict[str, Any]) -> str:
