@@ -125,6 +125,14 @@ def _eval(args: argparse.Namespace) -> int:
         f"min={result['eval/min_reward']:.2f} max={result['eval/max_reward']:.2f} episodes={result['eval/n_episode']}"
         + ("" if args.deterministic else " (stochastic)")
     )
+    shown = {"eval/mean_reward", "eval/std_reward", "eval/min_reward", "eval/max_reward", "eval/n_episode"}
+    figures = [  # the env's own episode figures (a scoring rate, a waiting time) and the team's returns
+        f"{key[5:]}={value:.4g}"
+        for key, value in result.items()
+        if key.startswith("eval/") and key not in shown and isinstance(value, (int, float))
+    ]
+    if figures:
+        print("eval figures: " + " ".join(figures))
     if args.video is not None:
         print(f"videos: {len(result['videos'])} mp4 file(s) in {os.path.abspath(args.video)}")
         if cfg.get("logger", {}).get("wandb", {}).get("mode", "disabled") != "disabled":

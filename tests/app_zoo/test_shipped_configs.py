@@ -14,7 +14,7 @@ CONFIGS = sorted(
     for path in glob.glob(os.path.join(ROOT, "app_zoo", "**", "config", "*.yaml"), recursive=True)
     if not path.endswith("_space.yaml")  # a search space of `nervex -m tune`, not a config
 )
-NEEDS = {"atari": "ale_py", "box2d": "Box2D", "mujoco": "mujoco", "sumo": "libsumo"}
+NEEDS = {"atari": "ale_py", "box2d": "Box2D", "mujoco": "mujoco", "sumo": "libsumo", "gfootball": "gfootball_engine"}
 
 
 def shrink(cfg):
@@ -37,7 +37,15 @@ def shrink(cfg):
     return apply_overrides(cfg, over)
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "app_zoo")))
+# a football engine starts in ~20 s and steps at ~3.5 ms: its configs' few iterations take minutes, so they are slow
+SLOW = ("gfootball",)
+PARAMS = [
+    pytest.param(path, marks=[pytest.mark.slow] if any(f"{os.sep}{f}{os.sep}" in path for f in SLOW) else [])
+    for path in CONFIGS
+]
+
+
+@pytest.mark.parametrize("path", PARAMS, ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "app_zoo")))
 def test_shipped_config_compiles_and_trains(path, tmp_path):
     for folder, module in NEEDS.items():
         if f"{os.sep}{folder}{os.sep}" in path:

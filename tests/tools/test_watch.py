@@ -79,6 +79,8 @@ def test_cartpole_videos_decode_with_the_reset_frame_and_one_frame_per_step(cart
         # RecordVideo keeps the frame of the reset and one per step: the last one shows the pole down
         assert frames.shape == (length + 1, 400, 600, 3)
         assert result["video_frames"][k] == length + 1
+    # the evaluator's other figures are printed too: the mean episode length of the two episodes played
+    assert f"eval figures: mean_ep_len={sum(result['episode_lengths']) / 2:.4g}" in out
     # the first frame is the seeded reset's (evaluator env 0's seed); H.264 blurs it a little
     env = gym.make("CartPole-v1", render_mode="rgb_array")
     env.reset(seed=EVAL_SEED_OFFSET)
