@@ -115,24 +115,7 @@ def _eval(args: argparse.Namespace) -> int:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"nervex: error: {message}", file=sys.stderr)
         return 2
-    if played_here:
-        from nervex.tools.watch import describe
-
-        for line in describe(result):
-            print(line)
-    print(
-        f"eval: mean_reward={result['eval/mean_reward']:.2f} std={result['eval/std_reward']:.2f} "
-        f"min={result['eval/min_reward']:.2f} max={result['eval/max_reward']:.2f} episodes={result['eval/n_episode']}"
-        + ("" if args.deterministic else " (stochastic)")
-    )
-    shown = {"eval/mean_reward", "eval/std_reward", "eval/min_reward", "eval/max_reward", "eval/n_episode"}
-    figures = [  # the env's own episode figures (a scoring rate, a waiting time) and the team's returns
-        f"{key[5:]}={value:.4g}"
-        for key, value in result.items()
-        if key.startswith("eval/") and key not in shown and isinstance(value, (int, float))
-    ]
-    if figures:
-        print("eval figures: " + " ".join(figures))
+    _print_eval(result, played_here, args.deterministic)
     if args.video is not None:
         print(f"videos: {len(result['videos'])} mp4 file(s) in {os.path.abspath(args.video)}")
         if cfg.get("logger", {}).get("wandb", {}).get("mode", "disabled") != "disabled":
@@ -144,6 +127,28 @@ def _eval(args: argparse.Namespace) -> int:
                 print(f"nervex: error: {e}", file=sys.stderr)
                 return 2
     return 0
+
+
+def _print_eval(result: dict, played_here: bool, deterministic: bool) -> None:
+    """``-m eval``'s report: each episode played here, the returns' figures, then the env's own figures."""
+    if played_here:
+        from nervex.tools.watch import describe
+
+        for line in describe(result):
+            print(line)
+    print(
+        f"eval: mean_reward={result['eval/mean_reward']:.2f} std={result['eval/std_reward']:.2f} "
+        f"min={result['eval/min_reward']:.2f} max={result['eval/max_reward']:.2f} episodes={result['eval/n_episode']}"
+        + ("" if deterministic else " (stochastic)")
+    )
+    shown = {"eval/mean_reward", "eval/std_reward", "eval/min_reward", "eval/max_reward", "eval/n_episode"}
+    figures = [  # the env's own episode figures (a scoring rate, a waiting time) and the team's returns
+        f"{key[5:]}={value:.4g}"
+        for key, value in result.items()
+        if key.startswith("eval/") and key not in shown and isinstance(value, (int, float))
+    ]
+    if figures:
+        print("eval figures: " + " ".join(figures))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

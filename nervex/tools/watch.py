@@ -359,17 +359,10 @@ def watch(
     """
     import torch
 
-    from nervex.config import is_compiled, read_config
-    from nervex.entry.builder import EVAL_SEED_OFFSET, compile_config
-    from nervex.entry.serial_entry import run_config_of
+    from nervex.entry.builder import EVAL_SEED_OFFSET
     from nervex.policy import set_seed
-    from nervex.worker.actor.serial_actor import action_clipper
 
-    cfg = cfg if cfg is not None else read_config(run_config_of(checkpoint))
-    cfg = EasyDict(cfg if is_compiled(cfg) else compile_config(cfg))
-    episodes = int(cfg.evaluator.n_episode if episodes is None else episodes)
-    if episodes < 1:
-        raise ValueError(f"--episodes must be >= 1, got {episodes}")
+    cfg, episodes = _watch_config(checkpoint, cfg, episodes)
     if video_dir is not None:
         require_video_packages()
     set_seed(seed)
@@ -384,43 +377,54 @@ def watch(
                 "envs; `nervex -m eval --ckpt PATH` without them evaluates it with the evaluator"
             )
         acting = make_acting(checkpoint, cfg, deterministic)
-        mode, setting = acting.mode, acting.setting
-        clip = action_clipper(env.info().act_space)
-        prefix = video_prefix(checkpoint, cfg, deterministic)
         env.seed(seed + EVAL_SEED_OFFSET)
-        returns: List[float] = []
-        lengths: List[int] = []
-        videos: List[str] = []
-        frames: List[int] = []
-        for k in range(episodes):
-            if recorder is not None:
-                recorder.arm(f"{prefix}-episode-{k}")
-            acting.restart()
-            mode.reset([0])
-            obs = _first_reset(env, cfg, recorder is not None) if k == 0 else env.reset()
-            info = _play_episode(env, mode, setting, clip, obs)
-            returns.append(float(info["episode_return"]))
-            lengths.append(int(info["episode_len"]))
-            if recorder is not None:
-                path, n_frames = recorder.finish()
-                if path is not None:
-                    videos.append(path)
-                    frames.append(n_frames)
+        played = _play_episodes(env, cfg, acting, recorder, video_prefix(checkpoint, cfg, deterministic), episodes)
     finally:
         env.close()
-    result = _figures(returns, lengths)
+    result = _figures(played["episode_returns"], played["episode_lengths"])
+    result.update(played)
     result.update(
-        {
-            "eval/n_episode": len(returns),
-            "env_step": acting.env_step,
-            "train_iter": acting.train_iter,
-            "episode_returns": returns,
-            "episode_lengths": lengths,
-            "videos": videos,
-            "video_frames": frames,
-        }
+        {"eval/n_episode": len(played["episode_returns"]), "env_step": acting.env_step, "train_iter": acting.train_iter}
     )
     return result
+
+
+def _watch_config(checkpoint: str, cfg: Optional[Mapping[str, Any]], episodes: Optional[int]) -> Tuple[EasyDict, int]:
+    """The compiled config (the checkpoint's run's by default) and the number of episodes, checked."""
+    from nervex.config import is_compiled, read_config
+    from nervex.entry.builder import compile_config
+    from nervex.entry.serial_entry import run_config_of
+
+    cfg = cfg if cfg is not None else read_config(run_config_of(checkpoint))
+    cfg = EasyDict(cfg if is_compiled(cfg) else compile_config(cfg))
+    episodes = int(cfg.evaluator.n_episode if episodes is None else episodes)
+    if episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {episodes}")
+    return cfg, episodes
+
+
+def _play_episodes(env: Any, cfg: EasyDict, acting: Any, recorder: Any, prefix: str, episodes: int) -> Dict[str, list]:
+    """Play ``episodes`` episodes, each recorded to ``<prefix>-episode-<k>.mp4`` when there is a recorder."""
+    from nervex.worker.actor.serial_actor import action_clipper
+
+    mode, setting = acting.mode, acting.setting
+    clip = action_clipper(env.info().act_space)
+    played: Dict[str, list] = dict(episode_returns=[], episode_lengths=[], videos=[], video_frames=[])
+    for k in range(episodes):
+        if recorder is not None:
+            recorder.arm(f"{prefix}-episode-{k}")
+        acting.restart()
+        mode.reset([0])
+        obs = _first_reset(env, cfg, recorder is not None) if k == 0 else env.reset()
+        info = _play_episode(env, mode, setting, clip, obs)
+        played["episode_returns"].append(float(info["episode_return"]))
+        played["episode_lengths"].append(int(info["episode_len"]))
+        if recorder is not None:
+            path, n_frames = recorder.finish()
+            if path is not None:
+                played["videos"].append(path)
+                played["video_frames"].append(n_frames)
+    return played
 
 
 def describe(result: Mapping[str, Any]) -> List[str]:
