@@ -52,6 +52,10 @@ setup(
             "eclipse-sumo>=1.20",
             "libsumo>=1.20",
             "sumo-rl>=1.4.5",
+            # the league: open_spiel games (Kuhn, Leduc, connect_four) and the meta-game's linear program (scipy);
+            # dm-tree: open_spiel's PyTorch NFSP, the league bench's peer (its wheel does not declare it)
+            "open_spiel>=2.0.2",
+            "dm-tree>=0.1.8",
         ],
         # nervex -m eval --video: gymnasium's RecordVideo writes mp4 through moviepy and imageio's ffmpeg
         "video": ["moviepy>=2.0", "imageio[ffmpeg]>=2.14"],
@@ -70,6 +74,8 @@ setup(
             "matplotlib>=3.5",
             "gymnasium[box2d]>=1.0",  # LunarLander
             "benchmarl>=1.5",  # bench/marl_benchmarl.py: the peer on VMAS simple_spread
+            "open_spiel>=2.0.2",  # bench/league_nfsp.py: open_spiel's PyTorch NFSP, the league's peer
+            "dm-tree>=0.1.8",  # which open_spiel's PyTorch DQN/NFSP import
         ],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],  # cv2: the reference INTER_AREA resize
         "mujoco": ["mujoco>=3.0", "imageio>=2.14"],
@@ -83,6 +89,9 @@ setup(
         # nervex.envs.PettingZooParallelEnv, Level-Based Foraging (nervex.envs.LBForagingEnv), VMAS (env_type vmas
         # with manager_type vmas); scipy for simple_spread's assignment heuristic (app_zoo.multiagent.mpe)
         "marl": ["mpe2>=1.0", "lbforaging>=2.0", "vmas>=1.5", "scipy>=1.10"],
+        # the league (nervex.league): open_spiel games through env_type open_spiel, exact exploitability of Kuhn and
+        # Leduc; scipy solves the meta-game's Nash mixture (matchmaking nash, league/exploitability)
+        "league": ["open_spiel>=2.0.2", "scipy>=1.10"],
         "dist": [],  # kept for old install commands: the parallel mode's packages are dependencies now
     },
     entry_points={"console_scripts": ["nervex=nervex.entry.cli:main"]},

@@ -15,6 +15,8 @@ _WHERE = {
     "make_learner": "builder",
     "make_policy": "builder",
     "DefaultCallbacks": "callbacks",
+    "LeagueTrainer": "league_entry",
+    "league_pipeline": "league_entry",
     "SerialTrainer": "serial_entry",
     "load_policy": "serial_entry",
     "serial_eval": "serial_entry",

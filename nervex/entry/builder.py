@@ -149,9 +149,16 @@ def _serial_parts(cfg: Mapping[str, Any], source: Optional[str]) -> Tuple[Config
         sections["replay_buffer"] = merge_defaults(buffer_cls.config, contract.buffer_defaults)
     sections.update(learner=BaseLearner, actor=SerialActor, evaluator=SerialEvaluator, logger=LOGGER_CONFIG)
     checks = [_model_check(policy_cls), _resolve_on_policy(policy_cls), _check_on_policy_manager, check_slots]
+    open_sections = [] if policy_cls.declares_config() else ["policy"]
+    if user.get("league") is not None:
+        from nervex.league.league import check_league_section  # a league run: its section is the league's to check
+
+        sections["league"] = {}
+        open_sections.append("league")
+        checks.append(check_league_section)
     parts = ConfigParts(
         sections=sections,
-        open_sections=[] if policy_cls.declares_config() else ["policy"],
+        open_sections=open_sections,
         absent=absent,
         checks=checks + [check_logger_config],
     )

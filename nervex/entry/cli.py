@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 DEFAULT_CONFIG = "app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml"
 
@@ -176,9 +176,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"nervex: error: {e}", file=sys.stderr)
         return 2
+    seed = args.seed if args.seed is not None else int(cfg.seed)
+    if "league" in cfg:
+        return _train_league(args, cfg, seed)
     from nervex.entry import SerialTrainer
 
-    seed = args.seed if args.seed is not None else int(cfg.seed)
     try:
         trainer = SerialTrainer(cfg, seed=seed, exp_name=args.exp_name, run_root=args.run_root)
     except (KeyError, ValueError, ImportError, CheckpointError, FileNotFoundError) as e:
@@ -199,6 +201,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"done: {trainer.stop_reason}; env_step={result.get('env_step', trainer.env_step)} "
         f"train_iter={trainer.train_iter} best_eval={best:.2f} run_dir={trainer.run_dir}"
     )
+    return 0
+
+
+def _train_league(args: argparse.Namespace, cfg: Any, seed: int) -> int:
+    """``nervex -m serial`` of a config with a ``league`` section: every learning player in this process."""
+    from nervex.entry.league_entry import LeagueTrainer
+
+    try:
+        trainer = LeagueTrainer(cfg, seed=seed, exp_name=args.exp_name, run_root=args.run_root)
+    except (KeyError, ValueError, ImportError, FileNotFoundError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"nervex: error: {message}", file=sys.stderr)
+        return 2
+    try:
+        trainer.run(progress=False if args.no_progress else None)
+    except KeyboardInterrupt:
+        print("nervex: interrupted; saving the final checkpoints", file=sys.stderr)
+        return 130
+    finally:
+        trainer.close()
+    shown = " ".join(f"{k}={v:.4g}" for k, v in trainer.last_eval.items() if k.startswith("league/exploit"))
+    print(f"done: {trainer.stop_reason}; env_step={trainer.env_step} {shown} run_dir={trainer.run_dir}")
     return 0
 
 

@@ -73,6 +73,11 @@ class SerialTrainer:
         run_root: str = "runs",
     ) -> None:
         cfg = cfg if is_compiled(cfg) else compile_config(cfg)
+        if cfg.get("league") is not None:
+            raise ValueError(
+                "this config has a 'league' section: it trains every player of the league, with "
+                "nervex.entry.LeagueTrainer (serial_pipeline and nervex -m serial choose it by themselves)"
+            )
         cfg = EasyDict(cfg)
         if seed is not None:
             cfg.seed = int(seed)
@@ -323,9 +328,17 @@ def serial_pipeline(
 ) -> Any:
     """Train the policy a config describes until its target return (or step limit); return the trained policy.
 
+    A config with a ``league`` section trains every player of its league (``LeagueTrainer``) and returns the main
+    player's policy.
+
     Example:
         >>> policy = serial_pipeline(read_config('app_zoo/classic_control/cartpole/config/cartpole_dqn.yaml'), seed=0)
     """
+    if cfg.get("league") is not None:
+        from .league_entry import league_pipeline
+
+        league = league_pipeline(cfg, seed=seed, exp_name=exp_name, run_root=run_root, progress=progress)
+        return league.players[league.league.main_player() or next(iter(league.players))].policy
     trainer = SerialTrainer(cfg, seed=seed, exp_name=exp_name, callbacks=callbacks, run_root=run_root)
     try:
         trainer.run(progress=progress)

@@ -5,7 +5,9 @@ from .check_env import EnvCheckError, check_env
 from .factory import ENV_PIPELINE_KEYS, create_env, get_env_cls
 from .gym_env import GymEnv, UnknownEnvIdError
 from .lbforaging import LBForagingEnv
+from .matrix_game import MATRIX_GAMES, MatrixGameEnv, encode_matrix
 from .multi_agent import TEAM_REDUCTIONS, agent_array, reward_shape, sample_action, team_value
+from .open_spiel_env import OpenSpielEnv, encode_open_spiel  # imports pyspiel only when a game is built
 from .parallel_view import to_parallel_env
 from .pettingzoo_env import PettingZooAECEnv
 from .pettingzoo_parallel import PettingZooParallelEnv
@@ -19,6 +21,11 @@ __all__ = [
     "EnvResetRequest",
     "GymEnv",
     "LBForagingEnv",
+    "MatrixGameEnv",
+    "MATRIX_GAMES",
+    "encode_matrix",
+    "OpenSpielEnv",
+    "encode_open_spiel",
     "PettingZooAECEnv",
     "PettingZooParallelEnv",
     "to_parallel_env",

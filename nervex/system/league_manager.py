@@ -49,9 +49,13 @@ class LeagueManagerRole:
         self.settings = self.cfg.system.league
         self.logger = logger or logging.getLogger(__name__)
         os.makedirs(run_dir, exist_ok=True)
-        self.league = League(
-            os.path.join(run_dir, LEAGUE_FILE), self.settings.keep_history, self.settings.history_every
-        )
+        # one main player playing its own current snapshot; history every ``history_every`` learner iterations
+        league_cfg = {
+            "matchmaking": "self_play",
+            "keep_history": int(self.settings.keep_history),
+            "snapshot": {"every_steps": int(self.settings.history_every)},
+        }
+        self.league = League.open(os.path.join(run_dir, LEAGUE_FILE), league_cfg)
         self.storage = Storage(storage_root(self.cfg, run_dir), min_free_bytes=0)
         self.link = RoleLink(self.cfg, run_dir, "league_manager", worker_id, url=url, token=token, logger=self.logger)
         self.updates = 0
@@ -70,7 +74,7 @@ class LeagueManagerRole:
 
     def step(self) -> None:
         """One exchange with the coordinator: post the choice, then record a new learner snapshot."""
-        answer = self.link.call_registered(LEAGUE_UPDATE_PATH, {"choice": self.league.choose()})
+        answer = self.link.call_registered(LEAGUE_UPDATE_PATH, {"choice": self.league.task_choice()})
         self.updates += 1
         learner = answer.get("learner") or {}
         name = learner.get("snapshot")
@@ -84,7 +88,7 @@ class LeagueManagerRole:
         if self.league.wants_history(policy_iter):
             self._keep_history(name, policy_iter)
         # post the new choice at once: a new snapshot should reach the next collect task without a poll period
-        self.link.call_registered(LEAGUE_UPDATE_PATH, {"choice": self.league.choose()})
+        self.link.call_registered(LEAGUE_UPDATE_PATH, {"choice": self.league.task_choice()})
 
     def _keep_history(self, name: str, policy_iter: int) -> None:
         try:

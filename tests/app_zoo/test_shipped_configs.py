@@ -6,7 +6,7 @@ import os
 import pytest
 
 from nervex.config import apply_overrides, read_config
-from nervex.entry import SerialTrainer, compile_config
+from nervex.entry import LeagueTrainer, SerialTrainer, compile_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(
@@ -14,7 +14,14 @@ CONFIGS = sorted(
     for path in glob.glob(os.path.join(ROOT, "app_zoo", "**", "config", "*.yaml"), recursive=True)
     if not path.endswith("_space.yaml")  # a search space of `nervex -m tune`, not a config
 )
-NEEDS = {"atari": "ale_py", "box2d": "Box2D", "mujoco": "mujoco", "sumo": "libsumo", "gfootball": "gfootball_engine"}
+NEEDS = {
+    "atari": "ale_py",
+    "box2d": "Box2D",
+    "mujoco": "mujoco",
+    "sumo": "libsumo",
+    "gfootball": "gfootball_engine",
+    "poker": "pyspiel",
+}
 
 
 def shrink(cfg):
@@ -52,9 +59,12 @@ def test_shipped_config_compiles_and_trains(path, tmp_path):
             pytest.importorskip(module)
     cfg = compile_config(read_config(path))  # as shipped
     assert cfg.policy.policy_type
-    with SerialTrainer(shrink(read_config(path)), seed=0, run_root=str(tmp_path)) as trainer:
+    trainer_cls = LeagueTrainer if cfg.get("league") is not None else SerialTrainer  # a league: every player
+    with trainer_cls(shrink(read_config(path)), seed=0, run_root=str(tmp_path)) as trainer:
         for _ in range(3):
             result = trainer.train()
+    if trainer_cls is LeagueTrainer:
+        result = {k.split("/", 1)[1]: v for k, v in result.items() if k.startswith("main/")}
     assert result["env_step"] > 0
     if cfg.policy.on_policy:
         assert result["train_iter"] > 0  # on-policy learns from the first rollout
