@@ -36,11 +36,10 @@ from easydict import EasyDict
 from nervex.config import is_compiled, save_config
 from nervex.policy import set_seed
 from nervex.utils.log_helper import CsvWriter, ScalarWriter, build_logger, close_logger
+from nervex.worker.actor.both_seats import SEATS, BothSeatsEvaluator
 from nervex.worker.learner.loop import LearnLoop, Trained, train_scalar_name
 
 from .builder import compile_config, make_buffer, make_env_managers, make_learner, make_policy
-
-SEATS = (0, 1)
 
 
 @dataclass
@@ -136,6 +135,10 @@ class LeagueTrainer:
         self.logger.info(f"run directory: {self.run_dir}; learning players: {', '.join(self.players)}")
 
     # ---- construction ------------------------------------------------------------------------------------------
+    def _eval_policy(self) -> Any:
+        """A fresh eval-mode policy of the config: what an opponent snapshot is loaded into."""
+        return make_policy(self.cfg, self.env_info, enable_field=["eval"]).eval_mode
+
     def _build(self) -> None:
         from nervex.envs import create_env
 
@@ -164,8 +167,6 @@ class LeagueTrainer:
     def _build_player(self, index: int, name: str) -> LearningPlayer:
         from nervex.worker.actor import SerialActor
 
-        from .builder import _snapshot_policy_factory
-
         cfg = self.cfg
         torch.manual_seed(self.seed + 1000 * index)
         policy = make_policy(cfg, self.env_info)
@@ -184,10 +185,11 @@ class LeagueTrainer:
                     policy.collect_mode,
                     callbacks=_Outcomes(self, name),
                     seed=self.seed + 2 * index + seat,
-                    policy_factory=_snapshot_policy_factory(cfg, manager),
+                    policy_factory=self._eval_policy,
                 )
             )
-        evaluator = BothSeatsEvaluator(cfg, evaluators, policy, name, self.eval_cfg["opponent"], self.seed + index)
+        opponent = self.eval_cfg["opponent"]
+        evaluator = BothSeatsEvaluator(cfg, evaluators, policy, name, opponent, self.seed + index, self._eval_policy)
         buffer = make_buffer(cfg, contract, self.seed + index)
         loop = LearnLoop(
             cfg, policy, learner, buffer, evaluator, run_dir=player_dir, logger=self.logger, seed=self.seed + index
@@ -310,7 +312,7 @@ class LeagueTrainer:
 
         start = time.perf_counter()
         if self._eval_mode is None:
-            self._eval_mode = self.players[main].actors[0]._snapshot_policy()
+            self._eval_mode = self._eval_policy()
         mode = self._eval_mode  # one eval-mode policy, loaded with each snapshot as it is asked (cheaper than many)
 
         def strategy(state: Dict[str, Any]) -> Any:
@@ -380,70 +382,6 @@ class LeagueTrainer:
         self.close()
 
 
-class BothSeatsEvaluator:
-    """A player's evaluation in both seats against one act-only opponent (half the episodes in each seat).
-
-    Reports what ``SerialEvaluator.eval`` reports over all the episodes, plus ``eval/seat<k>/win_rate`` and
-    ``eval/seat<k>/mean_reward`` per seat (a game's first mover often has the edge).
-    """
-
-    def __init__(
-        self,
-        cfg: Mapping[str, Any],
-        managers: List[Any],
-        policy: Any,
-        name: str,
-        opponent: Mapping[str, Any],
-        seed: int,
-    ) -> None:
-        from nervex.worker.actor import SerialEvaluator
-
-        from .builder import _snapshot_policy_factory
-
-        self.evaluators = []
-        for seat, manager in zip(SEATS, managers):
-            slots = {name: {"kind": "learn", "seats": [seat]}, "opponent": {**dict(opponent), "seats": [1 - seat]}}
-            self.evaluators.append(
-                SerialEvaluator(
-                    cfg["evaluator"],
-                    manager,
-                    policy.eval_mode,
-                    slots=slots,
-                    seed=seed + seat,
-                    policy_factory=_snapshot_policy_factory(cfg, manager),
-                )
-            )
-        self.figure_names = [f"seat{seat}/{k}" for seat in SEATS for k in ("win_rate", "mean_reward")]
-
-    def should_eval(self, env_step: int) -> bool:
-        return self.evaluators[0].should_eval(env_step)
-
-    def eval(self, train_iter: int = 0, env_step: int = 0, setting: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        results = [e.eval(train_iter, env_step, setting) for e in self.evaluators]
-        out = dict(results[0])
-        n = [r["eval/n_episode"] for r in results]
-        total = max(1, sum(n))
-        for key in ("eval/mean_reward", "eval/mean_ep_len", "eval/win_rate"):
-            if all(key in r for r in results):
-                out[key] = sum(r[key] * k for r, k in zip(results, n)) / total
-        for key in ("eval/wins", "eval/draws", "eval/losses", "eval/n_episode", "eval/time"):
-            if all(key in r for r in results):
-                out[key] = sum(r[key] for r in results)
-        out["eval/min_reward"] = min(r["eval/min_reward"] for r in results)
-        out["eval/max_reward"] = max(r["eval/max_reward"] for r in results)
-        for seat, r in zip(SEATS, results):
-            out[f"eval/seat{seat}/mean_reward"] = r["eval/mean_reward"]
-            if "eval/win_rate" in r:
-                out[f"eval/seat{seat}/win_rate"] = r["eval/win_rate"]
-        out["stop"] = all(r["stop"] for r in results)
-        out["best"] = any(r["best"] for r in results)
-        return out
-
-    def close(self) -> None:
-        for evaluator in self.evaluators:
-            evaluator.close()
-
-
 def league_pipeline(
     cfg: Mapping[str, Any],
     seed: int = 0,
@@ -460,4 +398,4 @@ def league_pipeline(
     return trainer
 
 
-__all__ = ["LeagueTrainer", "BothSeatsEvaluator", "league_pipeline"]
+__all__ = ["LeagueTrainer", "league_pipeline"]
