@@ -287,17 +287,9 @@ def run_nfsp(
 # ---- records and the command line ----------------------------------------------------------------------------------
 def machine() -> Dict[str, Any]:
     """``bench/zoo.py``'s machine description with the versions this bench depends on."""
-    from importlib.metadata import PackageNotFoundError, version
-
     from zoo import machine_info
 
-    info = machine_info()
-    for pkg in ("open_spiel", "torch", "numpy"):
-        try:
-            info["versions"][pkg] = version(pkg)
-        except PackageNotFoundError:
-            info["versions"][pkg] = None
-    return info
+    return machine_info(extra=("open_spiel",))
 
 
 def command_line(argv: Optional[Sequence[str]] = None) -> str:

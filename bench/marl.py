@@ -133,15 +133,7 @@ def load_records() -> List[Dict[str, Any]]:
 def machine() -> Dict[str, Any]:
     from zoo import machine_info
 
-    info = machine_info()
-    from importlib.metadata import PackageNotFoundError, version
-
-    for pkg in ("pettingzoo", "mpe2", "lbforaging", "vmas", "benchmarl", "torchrl"):
-        try:
-            info["versions"][pkg] = version(pkg)
-        except PackageNotFoundError:
-            info["versions"][pkg] = None
-    return info
+    return machine_info(extra=("pettingzoo", "mpe2", "lbforaging", "vmas", "benchmarl", "torchrl"))
 
 
 def command_line(argv: Optional[Sequence[str]] = None) -> str:

@@ -306,12 +306,12 @@ def load_records(results_dir: str) -> Dict[str, Dict[str, List[Dict[str, Any]]]]
     return out
 
 
-def machine_info() -> Dict[str, Any]:
-    """Where a record was measured: platform, cores, versions."""
+def machine_info(extra: Sequence[str] = ()) -> Dict[str, Any]:
+    """Where a record was measured: platform, cores, versions (of the zoo's packages and of ``extra`` ones)."""
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {}
-    for pkg in ("torch", "numpy", "gymnasium", "stable_baselines3", "sb3_contrib", "rl_zoo3"):
+    for pkg in ("torch", "numpy", "gymnasium", "stable_baselines3", "sb3_contrib", "rl_zoo3", *extra):
         try:
             versions[pkg] = version(pkg)
         except PackageNotFoundError:

@@ -25,6 +25,19 @@ class UnknownEnvIdError(ValueError):
     """A Gymnasium id that is not registered (the message suggests the closest registered one)."""
 
 
+def check_episode_limit(owner: str, limit: Any) -> Optional[int]:
+    """An env's ``max_episode_steps``: None or an int >= 1 (``1e3`` from a config file reads as 1000).
+
+    Raises:
+        ValueError: any other value, naming ``owner``'s config key.
+    """
+    if isinstance(limit, float) and limit.is_integer():
+        limit = int(limit)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"{owner} config key 'max_episode_steps' must be None or an int >= 1, got {limit!r}")
+    return limit
+
+
 def check_env_cfg(env_cls: type, cfg: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     """Return ``env_cls.config`` deep-merged one level with ``cfg``, rejecting keys the class does not declare.
 
@@ -154,11 +167,7 @@ class GymEnv(BaseEnv):
         super().__init__(merged)
         self._env_id: str = merged["env_id"]
         self._spec = find_gym_spec(self._env_id)
-        limit = merged["max_episode_steps"]
-        if isinstance(limit, float) and limit.is_integer():
-            limit = int(limit)  # 1e3 from a config file
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"GymEnv config key 'max_episode_steps' must be None or an int >= 1, got {limit!r}")
+        limit = check_episode_limit("GymEnv", merged["max_episode_steps"])
         self._max_episode_steps: Optional[int] = limit if limit is not None else self._spec.max_episode_steps
         self._limit = self._max_episode_steps or NO_LIMIT
         self._wrappers = parse_wrappers(merged["wrappers"])

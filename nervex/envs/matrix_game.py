@@ -18,7 +18,7 @@ from nervex.utils.registry import ENV_REGISTRY
 
 from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep
 from .gym_env import check_env_cfg
-from .pettingzoo_env import _as_int_action
+from .pettingzoo_env import as_int_action
 
 SEATS = ("player_0", "player_1")
 MAX_ACTIONS = 1024  # per seat; a payoff larger than this is a mistake rather than a matrix game
@@ -196,7 +196,7 @@ class MatrixGameEnv(BaseEnv):
         if not self._running:
             raise RuntimeError(f"{self!r}: step() before reset(); reset the env first and after every done step")
         seat = 0 if self._first is None else 1
-        index = _as_int_action(action)
+        index = as_int_action(action)
         if not 0 <= index < self._counts[seat]:
             raise ValueError(
                 f"{self!r}: illegal action {index} for seat {SEATS[seat]} (move {seat}); legal: "

@@ -20,8 +20,8 @@ import numpy as np
 from nervex.utils.registry import ENV_REGISTRY
 
 from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep
-from .gym_env import check_env_cfg
-from .pettingzoo_env import _as_int_action
+from .gym_env import check_env_cfg, check_episode_limit
+from .pettingzoo_env import as_int_action
 
 SEATS = ("player_0", "player_1")
 _SEAT_INDEX = (np.int64(0), np.int64(1))  # NumPy scalars are immutable: every observation may share them
@@ -165,9 +165,7 @@ class OpenSpielEnv(BaseEnv):
     def __init__(self, cfg: Optional[Mapping[str, Any]] = None) -> None:
         merged = check_env_cfg(type(self), cfg)
         super().__init__(merged)
-        limit = merged["max_episode_steps"]
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"{type(self).__name__} config key 'max_episode_steps' must be None or an int >= 1")
+        limit = check_episode_limit(type(self).__name__, merged["max_episode_steps"])
         if not isinstance(merged["game_kwargs"], Mapping):
             raise ValueError(
                 f"{type(self).__name__} config key 'game_kwargs' must be a mapping, got {merged['game_kwargs']!r}"
@@ -300,7 +298,7 @@ class OpenSpielEnv(BaseEnv):
         """
         if not self._running:
             raise RuntimeError(f"{self!r}: step() before reset(); reset the env first and after every done step")
-        index = action if type(action) is int else _as_int_action(action)
+        index = action if type(action) is int else as_int_action(action)
         if not 0 <= index < len(self._mask) or not self._mask[index]:
             legal: List[int] = np.flatnonzero(self._mask).tolist()
             raise ValueError(

@@ -17,7 +17,7 @@ import numpy as np
 from nervex.utils.registry import ENV_REGISTRY
 
 from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep
-from .gym_env import check_env_cfg
+from .gym_env import check_env_cfg, check_episode_limit
 
 _LEGACY_ID = re.compile(r"^([a-z0-9_]+)_v(\d+)$")  # 'tictactoe_v3', the name of PettingZoo's module
 
@@ -47,7 +47,7 @@ def make_aec_env(env_id: str, env_kwargs: Mapping[str, Any]) -> Any:
     return pettingzoo.make("aec", env_id, **dict(env_kwargs))
 
 
-def _as_int_action(action: Any) -> int:
+def as_int_action(action: Any) -> int:
     try:
         return int(action.item())  # NumPy scalars, 0-d or 1-element arrays, torch tensors
     except AttributeError:
@@ -80,10 +80,8 @@ class PettingZooAECEnv(BaseEnv):
 
     def __init__(self, cfg: Optional[Mapping[str, Any]] = None) -> None:
         merged = check_env_cfg(type(self), cfg)
+        merged["max_episode_steps"] = check_episode_limit(type(self).__name__, merged["max_episode_steps"])
         super().__init__(merged)
-        limit = merged["max_episode_steps"]
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"{type(self).__name__} config key 'max_episode_steps' must be None or an int >= 1")
         self._env: Any = None
         self._info: Optional[BaseEnvInfo] = None
         self._ids: Tuple[str, ...] = ()
@@ -189,7 +187,7 @@ class PettingZooAECEnv(BaseEnv):
     def _check_action(self, seat: str, action: Any) -> Any:
         if not isinstance(self._info.act_space, gym.spaces.Discrete):
             return action
-        index = _as_int_action(action)
+        index = as_int_action(action)
         mask = self._observe(seat)["action_mask"]
         if not 0 <= index < len(mask) or not mask[index]:
             legal: List[int] = np.flatnonzero(mask).tolist()

@@ -16,7 +16,7 @@ import numpy as np
 from nervex.utils.registry import ENV_REGISTRY
 
 from .base_env import BaseEnv, BaseEnvInfo, BaseEnvTimestep
-from .gym_env import check_env_cfg
+from .gym_env import check_env_cfg, check_episode_limit
 from .multi_agent import TEAM_REDUCTIONS
 
 BOX_TOLERANCE = 1e-5  # continuous actions this close outside their bounds are clipped (float32 rounding), not refused
@@ -164,15 +164,13 @@ class PettingZooParallelEnv(BaseEnv):
 
     def __init__(self, cfg: Optional[Mapping[str, Any]] = None) -> None:
         merged = check_env_cfg(type(self), cfg)
+        merged["max_episode_steps"] = check_episode_limit(type(self).__name__, merged["max_episode_steps"])
         super().__init__(merged)
         if merged["team_reward"] not in TEAM_REDUCTIONS:
             raise ValueError(
                 f"{type(self).__name__} config key 'team_reward' must be one of {TEAM_REDUCTIONS}, "
                 f"got {merged['team_reward']!r}"
             )
-        limit = merged["max_episode_steps"]
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"{type(self).__name__} config key 'max_episode_steps' must be None or an int >= 1")
         if not isinstance(merged["env_kwargs"], Mapping):
             raise TypeError(f"{type(self).__name__} config key 'env_kwargs' must be a mapping")
         if merged["episode_stats"] is not None:
