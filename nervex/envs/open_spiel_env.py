@@ -148,6 +148,9 @@ class OpenSpielEnv(BaseEnv):
     - ``game``: the OpenSpiel game name.
     - ``game_kwargs``: the game's parameters, passed to ``pyspiel.load_game``.
     - ``max_episode_steps``: a limit on decisions (``None``: the game's own end); reaching it truncates.
+    - ``swap_planes``: ``None``, or two plane indices ``[a, b]`` of the observation tensor (its first axis) that
+      are swapped when seat 1 observes, so both seats see the board from the mover's side (connect_four: ``[0, 1]``,
+      each player's stones; tic_tac_toe: ``[1, 2]``): one network then plays both seats with the same features.
 
     Observation: ``{'obs': float32 (D,), 'action_mask': int8 (A,), 'to_play': np.int64 seat}``, exactly
     :func:`encode_open_spiel` of the seat to move (seat = OpenSpiel's player). An action the mask forbids raises
@@ -160,7 +163,7 @@ class OpenSpielEnv(BaseEnv):
     sampling and the action space; later resets continue the same random stream.
     """
 
-    config: Dict[str, Any] = dict(game="kuhn_poker", game_kwargs={}, max_episode_steps=None)
+    config: Dict[str, Any] = dict(game="kuhn_poker", game_kwargs={}, max_episode_steps=None, swap_planes=None)
 
     def __init__(self, cfg: Optional[Mapping[str, Any]] = None) -> None:
         merged = check_env_cfg(type(self), cfg)
@@ -171,6 +174,8 @@ class OpenSpielEnv(BaseEnv):
                 f"{type(self).__name__} config key 'game_kwargs' must be a mapping, got {merged['game_kwargs']!r}"
             )
         self._limit = limit if limit is not None else np.inf
+        self._swap: Optional[Tuple[int, int]] = None  # checked against the game's tensor shape when it is built
+        self._shape: Tuple[int, ...] = ()
         self._game: Any = None
         self._info: Optional[BaseEnvInfo] = None
         self._rng = np.random.default_rng()
@@ -197,6 +202,7 @@ class OpenSpielEnv(BaseEnv):
         self._tensor = _tensor_fn(game)
         self._observer = _fast_observer(game, self._tensor)
         shape = game.information_state_tensor_shape() if self._tensor[0] == "i" else game.observation_tensor_shape()
+        self._shape, self._swap = tuple(shape), self._check_swap(self._cfg["swap_planes"], tuple(shape))
         n_actions = game.num_distinct_actions()
         self._no_moves = np.zeros(n_actions, np.int8)
         if self._terminal_rewards:  # a step's reward is 0 or the returns, within the game's utility bounds
@@ -221,6 +227,19 @@ class OpenSpielEnv(BaseEnv):
         )
         self._game = game
         return game
+
+    def _check_swap(self, planes: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int]]:
+        if planes is None:
+            return None
+        ok = isinstance(planes, (list, tuple)) and len(planes) == 2 and len(shape) >= 2
+        ok = ok and all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p < shape[0] for p in planes)
+        if not ok or planes[0] == planes[1]:
+            raise ValueError(
+                f"{type(self).__name__} config key 'swap_planes' must be two different plane indices in "
+                f"[0, {shape[0] if len(shape) >= 2 else 0}) of {self._cfg['game']}'s observation tensor {list(shape)}, "
+                f"got {planes!r}"
+            )
+        return int(planes[0]), int(planes[1])
 
     @property
     def game(self) -> Any:
@@ -261,6 +280,11 @@ class OpenSpielEnv(BaseEnv):
             obs = self._observer.tensor.copy()
         else:
             obs = np.asarray(getattr(state, self._tensor)(seat), np.float32)
+        if self._swap is not None and seat == 1:
+            planes = obs.reshape(self._shape)
+            a, b = self._swap
+            planes[[a, b]] = planes[[b, a]]
+            obs = planes.reshape(-1)
         return {"obs": obs, "action_mask": mask, "to_play": _SEAT_INDEX[seat]}
 
     # ---- the contract -----------------------------------------------------------------------------------------
@@ -358,14 +382,16 @@ _C4_DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
 def _c4_planes(state_or_obs: Any) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(own, opponent, legal)`` from an env observation or a ``pyspiel`` connect_four state."""
     if isinstance(state_or_obs, Mapping):
-        board, mask, seat = state_or_obs["obs"], state_or_obs["action_mask"], int(state_or_obs["to_play"])
+        board, mask = state_or_obs["obs"], state_or_obs["action_mask"]
     else:
-        seat = state_or_obs.current_player()
-        board, mask = encode_open_spiel(state_or_obs, seat)
-    planes = np.asarray(board).reshape(3, C4_ROWS, C4_COLS)
+        board, mask = encode_open_spiel(state_or_obs, state_or_obs.current_player())
+    planes = np.asarray(board).reshape(3, C4_ROWS, C4_COLS) > 0.5
     # OpenSpiel 2.0.2's connect_four tensor is (player 0's stones, player 1's stones, empty), row 0 at the bottom,
-    # the same for both players (not from the mover's view); tests/envs/test_open_spiel_env.py pins this layout
-    return planes[seat] > 0.5, planes[1 - seat] > 0.5, np.flatnonzero(np.asarray(mask))
+    # the same for both players (tests/envs/test_open_spiel_env.py pins this layout); an env with swap_planes [0, 1]
+    # shows seat 1 its own stones first. Either way the mover's stones are the plane with fewer stones (seat 0 moves
+    # at equal counts, and then plane 0 is its own), so the stone counts decide, not the seat.
+    own = 0 if planes[0].sum() <= planes[1].sum() else 1
+    return planes[own], planes[1 - own], np.flatnonzero(np.asarray(mask))
 
 
 def _c4_wins(stones: np.ndarray, row: int, col: int) -> bool:

@@ -379,3 +379,27 @@ def test_the_heuristic_refuses_a_finished_game():
     assert ts.done
     with pytest.raises(ValueError, match="no legal move"):
         one_ply_connect_four(ts.obs)
+
+
+def test_swap_planes_shows_seat_1_its_own_stones_first_and_the_heuristic_reads_both_layouts():
+    plain = OpenSpielEnv({"game": "connect_four"})
+    swapped = OpenSpielEnv({"game": "connect_four", "swap_planes": [0, 1]})
+    for env in (plain, swapped):
+        env.seed(0)
+        env.reset()
+        env.step(3)  # seat 0 drops a stone in the middle column: seat 1 to move
+    a, b = plain.step(0).obs, swapped.step(0).obs  # seat 1 answers in column 0: seat 0 to move (no swap)
+    assert np.array_equal(a["obs"], b["obs"])
+    obs_plain, obs_swapped = plain.step(3).obs, swapped.step(3).obs  # seat 1 to move again
+    p, q = obs_plain["obs"].reshape(3, 6, 7), obs_swapped["obs"].reshape(3, 6, 7)
+    assert p[0].sum() == 2 and p[1].sum() == 1  # plain: player 0's stones first
+    assert np.array_equal(q[0], p[1]) and np.array_equal(q[1], p[0]) and np.array_equal(q[2], p[2])
+    # seat 1 (one stone, column 0) faces three of seat 0's in column 3 after one more pair of moves: it must block
+    for env in (plain, swapped):
+        env.step(1)
+        obs = env.step(3).obs
+        assert int(obs["to_play"]) == 1 and one_ply_connect_four(obs) == 3
+    with pytest.raises(ValueError, match="swap_planes"):
+        OpenSpielEnv({"game": "connect_four", "swap_planes": [0, 0]}).reset()
+    with pytest.raises(ValueError, match="swap_planes"):
+        OpenSpielEnv({"game": "kuhn_poker", "swap_planes": [0, 1]}).reset()
