@@ -120,7 +120,7 @@ def nervex_league(
                 train_secs += time.perf_counter() - start
                 if trainer.env_step - last >= eval_every:
                     last = trainer.env_step
-                    if stop_below is not None and point()["exploitability"] < stop_below:
+                    if point()["exploitability"] < (stop_below if stop_below is not None else -1.0):
                         break
             if curve[-1]["env_steps"] != trainer.env_step:
                 point()
@@ -163,11 +163,14 @@ def run_part(args: argparse.Namespace) -> None:
             game = f"{args.part}_poker"
             seconds = args.seconds or (300.0 if game == "kuhn_poker" else 600.0)
             every = 5000 if game == "kuhn_poker" else 50000
-            ours = nervex_league(game, seed, seconds=seconds, eval_every=every)
-            ours.update(game=game, lib="nervex", seed=seed)
-            nfsp = run_nfsp(game, seed, seconds=seconds, episodes=None, eval_every=None, eval_seconds=seconds / 20)
-            nfsp.update(game=game, lib="open_spiel_nfsp", seed=seed)
-            for rec, lib in ((ours, "nervex"), (nfsp, "open_spiel_nfsp")):
+            runs = []
+            if "nervex" in args.libs:
+                ours = nervex_league(game, seed, seconds=seconds, eval_every=every)
+                runs.append((dict(ours, game=game, lib="nervex", seed=seed), "nervex"))
+            if "nfsp" in args.libs:
+                nfsp = run_nfsp(game, seed, seconds=seconds, episodes=None, eval_every=None, eval_seconds=seconds / 20)
+                runs.append((dict(nfsp, game=game, lib="open_spiel_nfsp", seed=seed), "open_spiel_nfsp"))
+            for rec, lib in runs:
                 if game in TARGETS:
                     rec["first_below"] = first_below(rec["curve"], TARGETS[game])
                 print(
@@ -282,6 +285,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--seconds", type=float, help="training seconds per run (kuhn, leduc)")
     p.add_argument("--steps", type=int, help="env steps per run (matrix, modes)")
+    p.add_argument("--libs", nargs="+", choices=["nervex", "nfsp"], default=["nervex", "nfsp"], help="kuhn, leduc")
     p.add_argument("--out", default=RESULTS_DIR)
     p.add_argument("--report", action="store_true", help="print the tables and draw the curves; run nothing")
     args = p.parse_args(argv)

@@ -202,6 +202,12 @@ def compile_parallel_config(cfg: Mapping[str, Any], source: Optional[str] = None
     if is_compiled(cfg) and "system" in cfg:
         return cfg  # type: ignore[return-value]
     source = source or config_source(cfg)
+    if cfg.get("league") is not None:
+        where = f" in {os.path.basename(source)}" if source else ""
+        raise ConfigError(
+            f"section 'league'{where}: the parallel mode does not train a league yet (its league manager runs one "
+            "main player by self-play); train this config in one process: nervex -m serial -c CONFIG"
+        )
     parts, policy_cls = _serial_parts(cfg, source)
 
     def resolve(out: Dict[str, Any], where: str) -> None:

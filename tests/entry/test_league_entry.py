@@ -97,3 +97,10 @@ def test_cli_trains_a_league_config(tmp_path, capsys):
     code = cli_main(["-m", "serial", "-c", config, "--run-root", str(tmp_path), "--exp-name", "cli", "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0 and "league/exploitability=" in out and "run_dir=" in out
+
+
+def test_the_parallel_mode_refuses_a_league_config_with_the_way_to_train_it():
+    from nervex.entry import compile_parallel_config
+
+    with pytest.raises(ConfigError, match="parallel mode does not train a league yet.*nervex -m serial"):
+        compile_parallel_config(read_config(RPS))
