@@ -2,8 +2,8 @@
 
 A config with a ``league`` section (``nervex -m serial -c league.yaml``) trains each learning player of the league
 (main players, main exploiters, league exploiters) as the serial trainer trains one policy: its own policy, learner,
-replay buffer and learn loop (``<run_dir>/players/<name>/``: ``eval.csv``, checkpoints). One iteration, per learning
-player in turn::
+replay buffer and learn loop (``<run_dir>/players/<name>/``: ``eval.csv``, checkpoints, its TensorBoard events). One
+iteration, per learning player in turn::
 
     match = league.choose(player)                     # self-play, PFSP over the history, an exploiter...
     actor = player.actors[seat]                       # the player's learning slot at seat 0 or 1 (alternating)
@@ -112,6 +112,7 @@ class LeagueTrainer:
         self._paths: Dict[str, str] = {}  # historical player id -> its file under league/snapshots
         self.players: Dict[str, LearningPlayer] = {}
         self._managers: List[Any] = []
+        self._writers: List[ScalarWriter] = []  # each learning player's
         self._closed = False
         try:
             self._build()
@@ -173,7 +174,9 @@ class LeagueTrainer:
         contract = type(policy).contract(policy.cfg)
         player_dir = os.path.join(self.run_dir, "players", name)
         os.makedirs(os.path.join(player_dir, "ckpt"), exist_ok=True)
-        learner = make_learner(cfg, policy, player_dir, self.logger, self.scalar_writer)
+        writer = ScalarWriter(player_dir)  # the player's own TensorBoard run (train/*, rollout/*, eval/*)
+        self._writers.append(writer)
+        learner = make_learner(cfg, policy, player_dir, self.logger, writer)
         collectors, evaluators = self._managers_for(index)
         actors = []
         for seat, manager in zip(SEATS, collectors):
@@ -192,7 +195,15 @@ class LeagueTrainer:
         evaluator = BothSeatsEvaluator(cfg, evaluators, policy, name, opponent, self.seed + index, self._eval_policy)
         buffer = make_buffer(cfg, contract, self.seed + index)
         loop = LearnLoop(
-            cfg, policy, learner, buffer, evaluator, run_dir=player_dir, logger=self.logger, seed=self.seed + index
+            cfg,
+            policy,
+            learner,
+            buffer,
+            evaluator,
+            run_dir=player_dir,
+            logger=self.logger,
+            scalar_writer=writer,
+            seed=self.seed + index,
         )
         return LearningPlayer(name, policy, contract, learner, buffer, loop, actors, copy.deepcopy(policy.state_dict()))
 
@@ -233,7 +244,7 @@ class LeagueTrainer:
         figures.update({train_scalar_name(k): v for k, v in trained.figures.items()})
         if player.loop.eval_due():
             figures.update(player.loop.evaluate())
-        player.loop.write_scalars({f"league/{player.name}/{k}": v for k, v in actor.stats().items()})
+        player.loop.write_scalars(actor.stats())
         if self.league.snapshot_due(player.name, player.loop.env_step):
             self._freeze(player)
         player.figures = figures
@@ -369,7 +380,7 @@ class LeagueTrainer:
         finally:
             for manager in self._managers:
                 manager.close()
-            for writer in (getattr(self, "_payoff_csv", None), getattr(self, "_ratings_csv", None)):
+            for writer in (getattr(self, "_payoff_csv", None), getattr(self, "_ratings_csv", None), *self._writers):
                 if writer is not None:
                     writer.close()
             self.scalar_writer.close()
