@@ -264,6 +264,10 @@ def plot_curves(rows: List[Dict[str, Any]], game: str) -> None:
         ys = [p["exploitability"] for p in r["curve"]]
         for ax, x in zip(axes, xs):
             ax.plot(x, ys, color=colors.get(r["lib"], "gray"), alpha=0.8, label=f"{r['lib']} seed {r['seed']}")
+            if "fp" in r["curve"][-1]:  # nervex's history as fictitious play reports it (the uniform mixture)
+                fp = [p["fp"] for p in r["curve"]]
+                label = "nervex, uniform mixture (FP)" if r["seed"] == min(q["seed"] for q in rows) else None
+                ax.plot(x, fp, color="tab:green", alpha=0.5, ls="--", label=label)
     for ax, label in zip(axes, ("training seconds", "episodes (games)")):
         ax.set_xlabel(label)
         ax.set_ylabel("exploitability")
@@ -273,7 +277,7 @@ def plot_curves(rows: List[Dict[str, Any]], game: str) -> None:
         for ax in axes:
             ax.axhline(TARGETS[game], color="k", ls="--", lw=0.8)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{game}: nervex league (PSRO report) vs open_spiel NFSP (average policy)")
+    fig.suptitle(f"{game}: nervex league (PSRO report; dashed: FP report) vs open_spiel NFSP (average policy)")
     fig.tight_layout()
     fig.savefig(os.path.join(ROOT, "docs", f"league_{game}.png"), dpi=90)
     plt.close(fig)
