@@ -199,8 +199,8 @@ def load_records(directory: str = RESULTS_DIR) -> List[Dict[str, Any]]:
     return records
 
 
-def report(records: List[Dict[str, Any]]) -> str:
-    """The Markdown tables of the records (and the curves as PNGs under docs/)."""
+def report(records: List[Dict[str, Any]], plot: bool = True) -> str:
+    """The Markdown tables of the records (and, with ``plot``, the curves as PNGs under docs/)."""
     lines: List[str] = []
     matrix = [r for r in records if r.get("game") in ("rps", "zero_sum_2x2") and "mode" not in r]
     if matrix:
@@ -230,7 +230,8 @@ def report(records: List[Dict[str, Any]]) -> str:
                 f"{last['exploitability']:.4f} | {when} |"
             )
         lines.append("")
-        plot_curves(rows, game)
+        if plot:
+            plot_curves(rows, game)
     modes = [r for r in records if "mode" in r]
     if modes:
         lines += [
