@@ -77,23 +77,12 @@ print(json.dumps(dict(libsumo=E.LIBSUMO, env_steps=n, seconds=elapsed, cpu_secon
 
 
 def machine() -> Dict[str, Any]:
-    """Where a record was measured: platform, cores, load, versions."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
+    """Where a record was measured: ``bench/zoo.py``'s description with SUMO's versions, and the load average."""
+    from zoo import machine_info
 
-    versions = {}
-    for pkg in ("torch", "numpy", "gymnasium", "eclipse-sumo", "libsumo", "sumo-rl", "pettingzoo"):
-        try:
-            versions[pkg] = version(pkg)
-        except PackageNotFoundError:
-            versions[pkg] = None
-    return dict(
-        platform=platform.platform(),
-        cpu_count=os.cpu_count(),
-        load_average=os.getloadavg(),
-        python=platform.python_version(),
-        versions=versions,
-    )
+    info = machine_info(extra=("eclipse-sumo", "libsumo", "sumo-rl", "pettingzoo"))
+    info["load_average"] = os.getloadavg()
+    return info
 
 
 def command_line() -> str:
