@@ -10,6 +10,7 @@ from .config import (
     read_config,
     save_config,
     set_by_path,
+    suggest_choice,
     to_plain,
     validate_merge,
 )
@@ -17,6 +18,7 @@ from .field import Field, merge_defaults, plain_defaults, signature_config
 
 __all__ = [
     "ConfigError",
+    "suggest_choice",
     "ConfigParts",
     "Field",
     "RENAMED_KEYS",

@@ -150,6 +150,12 @@ RENAMED_KEYS: Dict[str, str] = {
 }
 
 
+def suggest_choice(value: Any, valid: Sequence[str]) -> str:
+    """``"did you mean 'x'?"`` for the valid choice closest to ``value``, else ``"valid: a, b, c"`` (for messages)."""
+    close = difflib.get_close_matches(str(value), list(valid), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else f"valid: {', '.join(valid)}"
+
+
 def _unknown_key_message(key: Any, full: str, path: str, valid: List[str], where: str) -> str:
     if full in RENAMED_KEYS:
         return f"key '{full}'{where} was renamed to '{RENAMED_KEYS[full]}'"

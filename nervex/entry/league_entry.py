@@ -26,7 +26,7 @@ import copy
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -56,7 +56,6 @@ class LearningPlayer:
     initial_state: Dict[str, Any]
     collects: int = 0
     match: Any = None
-    figures: Dict[str, Any] = field(default_factory=dict)
 
     def snapshot(self) -> Dict[str, Any]:
         """Its current weights as an opponent loads them (model and extra state, copied)."""
@@ -91,6 +90,7 @@ class LeagueTrainer:
         self, cfg: Mapping[str, Any], seed: Optional[int] = None, exp_name: Optional[str] = None, run_root: str = "runs"
     ) -> None:
         from nervex.league import League, MemoryStore
+        from nervex.league.acting import env_game
 
         cfg = EasyDict(cfg if is_compiled(cfg) else compile_config(cfg))
         if seed is not None:
@@ -108,8 +108,7 @@ class LeagueTrainer:
         self.scalar_writer = ScalarWriter(self.run_dir, cfg, self.logger)
         self.rng = np.random.default_rng(self.seed)
         self.league = League(MemoryStore(), league_cfg, rng=self.rng)
-        self.snapshots: Dict[str, Dict[str, Any]] = {}  # historical player id -> its weights
-        self._paths: Dict[str, str] = {}  # historical player id -> its file under league/snapshots
+        self.snapshots: Dict[str, Dict[str, Any]] = {}  # a historical player's file (its snapshot name) -> its weights
         self.players: Dict[str, LearningPlayer] = {}
         self._managers: List[Any] = []
         self._writers: List[ScalarWriter] = []  # each learning player's
@@ -119,6 +118,8 @@ class LeagueTrainer:
         except BaseException:
             self.close()
             raise
+        # the game whose exploitability is computed exactly (None: not computable, or league.eval.exploitability off)
+        self._game = env_game(cfg.env) if self.eval_cfg["exploitability"] else None
         save_config(cfg, os.path.join(self.run_dir, "config.yaml"))
         self._payoff_csv = CsvWriter(
             os.path.join(self.run_dir, "league", "payoff.csv"),
@@ -240,21 +241,21 @@ class LeagueTrainer:
         player.loop.env_step += actor.env_step - before
         trained = self._learn(player, samples)
         figures: Dict[str, Any] = {"env_step": player.loop.env_step, "train_iter": player.loop.train_iter}
-        figures.update(actor.stats())
+        rollout = actor.stats()
+        figures.update(rollout)
         figures.update({train_scalar_name(k): v for k, v in trained.figures.items()})
         if player.loop.eval_due():
             figures.update(player.loop.evaluate())
-        player.loop.write_scalars(actor.stats())
+        player.loop.write_scalars(rollout)
         if self.league.snapshot_due(player.name, player.loop.env_step):
             self._freeze(player)
-        player.figures = figures
         return figures
 
     def _opponent_state(self, player: LearningPlayer) -> Dict[str, Any]:
         """The weights of the match's opponent: a historical snapshot's, an active player's current ones."""
         match = player.match
-        if match.opponent in self.snapshots:
-            return self.snapshots[match.opponent]
+        if match.opponent_snapshot in self.snapshots:
+            return self.snapshots[match.opponent_snapshot]
         if match.opponent in self.players:
             return self.players[match.opponent].snapshot()
         raise KeyError(f"the league chose opponent {match.opponent!r}, which has no weights here")
@@ -274,12 +275,11 @@ class LeagueTrainer:
         path = os.path.join(self.run_dir, "league", "snapshots", f"{player.name}@{step}.pt")
         torch.save(state, path)
         historical, reset = self.league.freeze(player.name, path, step)
-        self.snapshots[historical] = state
+        self.snapshots[path] = state
         for forgotten in self.league.forget_old_history(player.name):  # beyond league.keep_history
-            self.snapshots = {h: s for h, s in self.snapshots.items() if self._paths.get(h) != forgotten}
+            self.snapshots.pop(forgotten, None)
             if os.path.exists(forgotten):
                 os.remove(forgotten)
-        self._paths[historical] = path
         if reset:
             player.policy.learn_mode.load_state_dict(copy.deepcopy(player.initial_state))
         self.logger.info(
@@ -289,14 +289,11 @@ class LeagueTrainer:
     # ---- league evaluation -------------------------------------------------------------------------------------
     def evaluate(self) -> Dict[str, float]:
         """Exploitability (where computable), the payoff table and the ratings; see the module docstring."""
-        from nervex.league.acting import env_game
-
         self._last_eval_step = step = self.env_step
         figures: Dict[str, float] = {"league/history": float(len(self.snapshots))}
-        game = env_game(self.cfg.env) if self.eval_cfg["exploitability"] else None
         main = self.league.main_player()
-        if game is not None and main in self.players:
-            figures.update(self._exploitability(game, main))
+        if self._game is not None and main in self.players:
+            figures.update(self._exploitability(self._game, main))
         for row in self.league.to_rows():
             self._payoff_csv.write({"env_step": step, **row})
         for player_id, rating in self.league.ratings().items():
@@ -337,9 +334,9 @@ class LeagueTrainer:
 
         try:
             figures = {"league/exploitability_main": exploitability(game, strategy(self.players[main].snapshot()))}
-            history = [h for h in self.league.history(main) if h in self.snapshots]
+            history = [h for h in self.league.history(main) if self.league.player(h).snapshot in self.snapshots]
             if history:
-                strategies = [strategy(self.snapshots[h]) for h in history]
+                strategies = [strategy(self.snapshots[self.league.player(h).snapshot]) for h in history]
                 weights = seat_nash(game, strategies)  # (2, n): each seat's Nash mixture of the history's play
                 self.mixture = {h: (float(w0), float(w1)) for h, w0, w1 in zip(history, *weights)}
                 self.league.set_mixture(main, self.mixture)  # matchmaking 'nash' (PSRO) draws opponents by it
@@ -348,7 +345,7 @@ class LeagueTrainer:
                 figures["league/mixture_support"] = float((weights.max(axis=0) > 1e-6).sum())
         except ValueError as error:  # a game too large for an exact computation: say so once, then stop trying
             self.logger.warning(f"[league] exploitability not computed from now on: {error}")
-            self.eval_cfg["exploitability"] = False
+            self._game = None
             return {}
         figures["league/exploitability_time"] = time.perf_counter() - start
         return figures

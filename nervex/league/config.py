@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from nervex.config import ConfigError
+from nervex.config import ConfigError, suggest_choice
 
 from .payoff import check_payoff_settings
 from .pfsp import PFSP_WEIGHTINGS
@@ -45,16 +44,11 @@ LEAGUE_EVAL_DEFAULTS: Dict[str, Any] = {
 EVAL_OPPONENT_KINDS = ("random", "snapshot", "callable")
 
 
-def _suggest(value: Any, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(value), list(valid), n=1, cutoff=0.6)
-    return f"did you mean '{close[0]}'?" if close else f"valid: {', '.join(valid)}"
-
-
 def _merge(defaults: Mapping[str, Any], user: Mapping[str, Any], path: str) -> Dict[str, Any]:
     out = copy.deepcopy(dict(defaults))
     for key, value in user.items():
         if key not in defaults:
-            raise ConfigError(f"unknown key '{path}.{key}'; {_suggest(key, list(defaults))}")
+            raise ConfigError(f"unknown key '{path}.{key}'; {suggest_choice(key, list(defaults))}")
         if isinstance(defaults[key], dict):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"key '{path}.{key}' expects a mapping like {defaults[key]}, got {value!r}")
@@ -76,7 +70,7 @@ def _number(value: Any, path: str, low: float, high: float, integer: bool = Fals
 
 def _choice(value: Any, path: str, valid: Sequence[str]) -> str:
     if value not in valid:
-        raise ConfigError(f"key '{path}' is {value!r}; {_suggest(value, valid)} (choices: {', '.join(valid)})")
+        raise ConfigError(f"key '{path}' is {value!r}; {suggest_choice(value, valid)} (choices: {', '.join(valid)})")
     return value
 
 
@@ -90,7 +84,7 @@ def _players(value: Any, path: str) -> List[Dict[str, str]]:
             raise ConfigError(f"key '{where}' expects a mapping like {{name: main, kind: main}}, got {entry!r}")
         for key in entry:
             if key not in ("name", "kind"):
-                raise ConfigError(f"unknown key '{where}.{key}'; {_suggest(key, ['name', 'kind'])}")
+                raise ConfigError(f"unknown key '{where}.{key}'; {suggest_choice(key, ['name', 'kind'])}")
         name, kind = entry.get("name"), entry.get("kind", MAIN)
         if not isinstance(name, str) or not name or any(c in name for c in "@#/ ") or len(name) > 64:
             raise ConfigError(f"key '{where}.name' must be a name of 1-64 characters without '@#/ ', got {name!r}")

@@ -95,13 +95,7 @@ class Matchmaker:
         if not history or mode == "self_play":
             return _self_play(player)
         if mode == "uniform":
-            own = [q for q in history if q.parent == player.player_id]
-            if not own:
-                return _self_play(player)
-            pick = int(rng.integers(len(own) + 1))
-            if pick == len(own):
-                return Match(player.player_id, player.player_id, None, "uniform")
-            return _against(player, own[pick], "uniform")
+            return _uniform_own(player, [q for q in history if q.parent == player.player_id], rng, "uniform")
         if mode == "pfsp":
             return self._pfsp(player, history, self.cfg["pfsp_weighting"], rng, "pfsp")
         mix, coin = self.cfg["main_mix"], float(rng.random())
@@ -117,26 +111,11 @@ class Matchmaker:
         parameters until a mixture is known."""
         own = [q for q in everyone if q.historical and q.parent == player.player_id]
         mixture = self.mixtures.get(player.player_id) or {}
-        weights = np.array(
-            [
-                mixture.get(q.player_id, (0.0, 0.0))[1 - seat]
-                if seat in (0, 1)
-                else float(np.mean(mixture.get(q.player_id, (0.0, 0.0))))
-                for q in own
-            ]
-        )
-        if not own:
-            return _self_play(player)
-        if weights.sum() <= 0:
-            pick = int(rng.integers(len(own) + 1))
-            return (
-                _against(player, own[pick], "nash")
-                if pick < len(own)
-                else Match(player.player_id, player.player_id, None, "nash")
-            )
-        cumulative = np.cumsum(weights)
-        index = min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")), len(own) - 1)
-        return _against(player, own[index], "nash")
+        rows = [mixture.get(q.player_id, (0.0, 0.0)) for q in own]
+        weights = np.array([w[1 - seat] if seat in (0, 1) else (w[0] + w[1]) / 2 for w in rows])
+        if not own or weights.sum() <= 0:
+            return _uniform_own(player, own, rng, "nash")
+        return _against(player, own[_draw(weights, rng)], "nash")
 
     def _verification(self, player: Player, everyone: Sequence[Player], rng: np.random.Generator) -> Optional[Match]:
         """AlphaStar's verification branch: exploiters' snapshots when one of them still beats the main player
@@ -175,10 +154,24 @@ class Matchmaker:
 
     @staticmethod
     def _pick(player: Player, candidates, rates: np.ndarray, weighting: str, rng, kind: str) -> Match:
-        # inverse-CDF draw: one uniform number, as rng.choice(p=...) takes, at a fraction of its overhead
-        cumulative = np.cumsum(pfsp(rates, weighting))
-        index = min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")), len(candidates) - 1)
-        return _against(player, candidates[index], kind)
+        return _against(player, candidates[_draw(pfsp(rates, weighting), rng)], kind)
+
+
+def _draw(weights: np.ndarray, rng: np.random.Generator) -> int:
+    """An index drawn in proportion to ``weights`` (not all zero): an inverse-CDF draw of one uniform number, as
+    ``rng.choice(p=...)`` takes, at a fraction of its overhead."""
+    cumulative = np.cumsum(weights)
+    return min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")), len(weights) - 1)
+
+
+def _uniform_own(player: Player, own: Sequence[Player], rng: np.random.Generator, kind: str) -> Match:
+    """Uniformly one of the player's own snapshots or its current parameters (self-play before any snapshot)."""
+    if not own:
+        return _self_play(player)
+    pick = int(rng.integers(len(own) + 1))
+    return (
+        _against(player, own[pick], kind) if pick < len(own) else Match(player.player_id, player.player_id, None, kind)
+    )
 
 
 def _self_play(player: Player) -> Match:

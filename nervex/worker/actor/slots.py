@@ -28,7 +28,6 @@ learners with shared parameters, ``nervex.worker.actor.agents``)::
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -36,7 +35,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import gymnasium as gym
 import numpy as np
 
-from nervex.config import ConfigError
+from nervex.config import ConfigError, suggest_choice
 from nervex.envs import sample_action
 
 from .agents import AGENT_OBS, AGENT_REWARDS
@@ -73,22 +72,19 @@ class SlotSpec:
         return self.kind == "learn"
 
 
-def _suggest(value: Any, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(value), list(valid), n=1, cutoff=0.6)
-    return f"did you mean '{close[0]}'?" if close else f"valid: {', '.join(valid)}"
-
-
 def _parse_slot(name: str, entry: Any, where: str) -> SlotSpec:
     path = f"actor.slots.{name}"
     if not isinstance(entry, Mapping):
         raise ConfigError(f"key '{path}'{where} expects a mapping like {{kind: learn, seats: [0]}}, got {entry!r}")
     kind = entry.get("kind")
     if kind not in SLOT_KINDS:
-        raise ConfigError(f"key '{path}.kind'{where} is {kind!r}; {_suggest(kind, SLOT_KINDS)} (kinds: {SLOT_KINDS})")
+        raise ConfigError(
+            f"key '{path}.kind'{where} is {kind!r}; {suggest_choice(kind, SLOT_KINDS)} (kinds: {SLOT_KINDS})"
+        )
     for key in entry:
         if key not in SLOT_KEYS[kind]:
             raise ConfigError(
-                f"unknown key '{path}.{key}'{where} for a slot of kind '{kind}'; {_suggest(key, SLOT_KEYS[kind])}"
+                f"unknown key '{path}.{key}'{where} for a slot of kind '{kind}'; {suggest_choice(key, SLOT_KEYS[kind])}"
             )
     seats = entry.get("seats", "all")
     if isinstance(seats, (int, str)) and not isinstance(seats, bool):
@@ -119,7 +115,7 @@ def _parse_independent(entry: Mapping[str, Any], path: str, where: str) -> Tuple
                 "drop it"
             )
         if value not in valid:
-            raise ConfigError(f"key '{path}.{key}'{where} is {value!r}; {_suggest(value, valid)}")
+            raise ConfigError(f"key '{path}.{key}'{where} is {value!r}; {suggest_choice(value, valid)}")
         options.append(value)
     return independent, options[0], options[1]
 
